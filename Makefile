@@ -1,0 +1,58 @@
+# pt-multi-gpu. `make help` lists the targets. The venv is made on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help images test test-unit test-docker render check lint engine base doctor matrix clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $@
+
+venv: $(VENV)/.installed ## create or update the virtualenv (.venv)
+
+engine: ## make sure a Docker engine answers (starts dockerd as root on Debian)
+	@scripts/ensure-docker.sh
+
+images: $(VENV)/.installed engine ## build every image of images.yaml (ARGS="--only PATTERN --jobs 2 ...")
+	$(PY) build.py build $(ARGS)
+
+base: $(VENV)/.installed engine ## make the base images offline with debootstrap where they can't be pulled
+	$(PY) build.py base $(ARGS)
+
+doctor: $(VENV)/.installed ## check this host: engine, BuildKit, disk, GPUs, driver per cell
+	$(PY) build.py doctor $(ARGS)
+
+matrix: $(VENV)/.installed ## show the validated matrix
+	$(PY) build.py matrix $(ARGS)
+
+render: $(VENV)/.installed ## render docker/<cell>/Dockerfile and the README table from images.yaml
+	$(PY) build.py render
+
+check: $(VENV)/.installed ## fail if the committed Dockerfiles drift from images.yaml
+	$(PY) build.py render --check
+
+lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered Dockerfile
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(PY) build.py render --check
+	$(BIN)/hadolint --config .hadolint.yaml docker/*/Dockerfile
+
+test-unit: $(VENV)/.installed ## unit tests only (no Docker)
+	$(PY) -m pytest -m "not docker" $(ARGS)
+
+test: $(VENV)/.installed engine ## everything: lint, unit tests, then real builds and containers
+	$(MAKE) --no-print-directory lint
+	$(PY) -m pytest $(ARGS)
+
+clean: ## remove the venv and test artifacts (images stay; see `docker image ls pt-multi-gpu`)
+	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,103 @@
+"""Logging to stderr (rich on a terminal, plain lines otherwise) and plain-text tables."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+
+def _handler() -> logging.Handler:
+    if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
+        try:
+            from rich.logging import RichHandler  # noqa: PLC0415 - optional nicety on terminals
+
+            return RichHandler(show_path=False, show_time=False, markup=False)
+        except ImportError:
+            pass
+    h = logging.StreamHandler(sys.stderr)
+    h.setFormatter(logging.Formatter("%(levelname)s %(message)s" if os.environ.get("PTMG_DEBUG") else "%(message)s"))
+    return h
+
+
+log = logging.getLogger("pt-multi-gpu")
+log.addHandler(_handler())
+log.setLevel(logging.DEBUG if os.environ.get("PTMG_DEBUG") else logging.INFO)
+log.propagate = False
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain, aligned text table (stable output for tests and logs)."""
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)] if rows else [len(h) for h in header]
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
+    out = [line(header), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+class BuildProgress:
+    """Per-cell build progress on stderr: a live table on a terminal, plain step lines otherwise.
+
+    Only step headers are shown (`#7 [3/8] RUN ...`); every line goes to the cell's log file.
+    """
+
+    def __init__(self, cells: Sequence[str]) -> None:
+        self.state = {c: "waiting" for c in cells}
+        self.live = None
+        if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
+            try:
+                from rich.console import Console  # noqa: PLC0415
+                from rich.live import Live  # noqa: PLC0415
+
+                self.live = Live(self._render(), console=Console(stderr=True), refresh_per_second=4, transient=True)
+            except ImportError:
+                self.live = None
+
+    def _render(self) -> object:
+        from rich.table import Table  # noqa: PLC0415
+
+        t = Table(show_header=False, box=None)
+        for cell, state in self.state.items():
+            t.add_row(cell, state[:100])
+        return t
+
+    def __enter__(self) -> BuildProgress:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def line(self, cell: str, text: str) -> None:
+        if not _is_step(text):
+            return
+        self.state[cell] = text
+        if self.live is not None:
+            self.live.update(self._render())
+        else:
+            print(f"[{cell}] {text}", file=sys.stderr, flush=True)
+
+
+def _is_step(text: str) -> bool:
+    # BuildKit plain progress: "#7 [3/8] RUN ...", classic: "Step 3/8 : RUN ..."
+    return (text.startswith("#") and "] " in text and "/" in text.split("]")[0]) or text.startswith("Step ")
+
+
+def human_size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000  # type: ignore[assignment]
+    return f"{n} B"
