@@ -3,10 +3,10 @@
 
 import sys
 
-if sys.version_info < (3, 10):
-    sys.exit("build.py needs Python >= 3.10 (found %d.%d)" % sys.version_info[:2])
+if sys.version_info < (3, 10):  # noqa: UP036 - a friendly message on an old interpreter
+    sys.exit("build.py needs Python >= 3.10 (found {}.{})".format(*sys.version_info[:2]))
 
-from builder.cli import main  # noqa: E402 - after the version check on purpose
+from builder.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,7 +28,7 @@ LOCAL_CA_DIRS = (Path("/usr/local/share/ca-certificates"),)
 BUNDLE_ENV = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT")
 PIP_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
-SECRET_DIR = "/run/secrets"
+SECRET_DIR = "/run/secrets"  # noqa: S105 - a path, not a password
 PEM_RE = re.compile(rb"-----BEGIN CERTIFICATE-----\s+.*?-----END CERTIFICATE-----", re.S)
 
 
@@ -117,7 +117,7 @@ def public_roots() -> list[Path]:
     """Public root bundles on this host: certifi's (what pip uses by default) and the system's."""
     roots: list[Path] = []
     try:
-        import certifi  # noqa: PLC0415 - optional; pip vendors its own copy
+        import certifi
 
         roots.append(Path(certifi.where()))
     except ImportError:

@@ -86,8 +86,8 @@ def cmd_render(ctx: Context) -> int:
         written.append(readme_path)
     for p in written:
         log.info("wrote %s", _display(p))
-    for d in stale:
-        log.info("removed %s (cell no longer in %s)", _display(d), ctx.config_display)
+    for stale_dir in stale:
+        log.info("removed %s (cell no longer in %s)", _display(stale_dir), ctx.config_display)
     log.info("%d Dockerfile(s) rendered, %d changed", len(files), len(written))
     return EXIT_OK
 
@@ -100,7 +100,7 @@ VERBS: dict[str, tuple[Verb, str]] = {
 
 def _register_later_verbs() -> None:
     """Verbs that need the Docker engine live in their own modules; import lazily."""
-    from builder import commands  # noqa: PLC0415 - commands imports cli's Context type
+    from builder import commands
 
     VERBS.update(commands.VERBS)
 

@@ -74,7 +74,8 @@ def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str) 
 def disk_finding(free: int, cells: int) -> Finding:
     need = NEED_PER_CELL * cells + NEED_CACHE
     if free >= need:
-        return Finding("ok", f"disk: {free / GB:.0f} GB free for Docker, ~{need / GB:.0f} GB needed for {cells} cell(s)")
+        return Finding("ok", f"disk: {free / GB:.0f} GB free for Docker, "
+                             f"~{need / GB:.0f} GB needed for {cells} cell(s)")
     return Finding("fail", f"disk: {free / GB:.0f} GB free for Docker, ~{need / GB:.0f} GB needed for {cells} cell(s)",
                    "free space (`docker image prune`, `docker builder prune`) or build fewer cells with --only")
 

@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -69,7 +68,7 @@ class BuildkitCli:
 
     path: str
     argv_prefix: tuple[str, ...]  # ("build",) with DOCKER_BUILDKIT=1, or ("buildx", "build", "--load")
-    env: Mapping[str, str]
+    env: Mapping[str, str] = field(repr=False)
 
 
 def find_buildkit_cli() -> BuildkitCli | None:
@@ -151,7 +150,7 @@ def to_classic(dockerfile_text: str) -> str:
 class Engine:
     """A thin, typed facade over the Docker SDK client."""
 
-    client: docker.DockerClient = field(default_factory=lambda: connect())
+    client: docker.DockerClient = field(default_factory=lambda: connect())  # noqa: PLW0108 - defined below
     labels: Mapping[str, str] = field(
         default_factory=lambda: {PROJECT_LABEL: PROJECT, "session": uuid.uuid4().hex}
     )
@@ -208,7 +207,6 @@ class Engine:
         for k, v in sorted(labels.items()):
             lines.append(f"LABEL {k}={_quote(v)}")
         fileobj = io.BytesIO(("\n".join(lines) + "\n").encode())
-        repo, _, tag = ref.rpartition(":")
         try:
             image, _logs = self.client.images.build(fileobj=fileobj, tag=ref, rm=True, pull=False)
         except docker.errors.BuildError as exc:
@@ -253,8 +251,8 @@ class Engine:
                 proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         errors="replace", env=dict(cli.env), cwd=req.context)
                 assert proc.stdout is not None
-                for line in proc.stdout:
-                    line = line.rstrip("\n")
+                for raw in proc.stdout:
+                    line = raw.rstrip("\n")
                     log.write(line + "\n")
                     tail.append(line)
                     del tail[:-30]

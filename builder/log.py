@@ -6,12 +6,17 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.table import Table
 
 
 def _handler() -> logging.Handler:
     if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
         try:
-            from rich.logging import RichHandler  # noqa: PLC0415 - optional nicety on terminals
+            from rich.logging import RichHandler
 
             return RichHandler(show_path=False, show_time=False, markup=False)
         except ImportError:
@@ -29,7 +34,8 @@ log.propagate = False
 
 def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain, aligned text table (stable output for tests and logs)."""
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=False)] if rows else [len(h) for h in header]
+    columns = zip(header, *rows, strict=False)
+    widths = [max(len(str(x)) for x in col) for col in columns] if rows else [len(h) for h in header]
     def line(cells: Sequence[str]) -> str:
         return "  ".join(str(c).ljust(w) for c, w in zip(cells, widths, strict=False)).rstrip()
     out = [line(header), line(["-" * w for w in widths])]
@@ -51,18 +57,18 @@ class BuildProgress:
 
     def __init__(self, cells: Sequence[str]) -> None:
         self.state = {c: "waiting" for c in cells}
-        self.live = None
+        self.live: Live | None = None
         if sys.stderr.isatty() and not os.environ.get("NO_COLOR"):
             try:
-                from rich.console import Console  # noqa: PLC0415
-                from rich.live import Live  # noqa: PLC0415
+                from rich.console import Console
+                from rich.live import Live
 
                 self.live = Live(self._render(), console=Console(stderr=True), refresh_per_second=4, transient=True)
             except ImportError:
                 self.live = None
 
-    def _render(self) -> object:
-        from rich.table import Table  # noqa: PLC0415
+    def _render(self) -> Table:
+        from rich.table import Table
 
         t = Table(show_header=False, box=None)
         for cell, state in self.state.items():
@@ -90,7 +96,7 @@ class BuildProgress:
 
 def _is_step(text: str) -> bool:
     # BuildKit plain progress: "#7 [3/8] RUN ...", classic: "Step 3/8 : RUN ..."
-    return (text.startswith("#") and "] " in text and "/" in text.split("]")[0]) or text.startswith("Step ")
+    return (text.startswith("#") and "] " in text and "/" in text.split("]", maxsplit=1)[0]) or text.startswith("Step ")
 
 
 def human_size(n: int | None) -> str:

@@ -58,7 +58,9 @@ LIST_KEYS = ("apt", "pip", "tools")
 REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 APT_RE = re.compile(r"^[a-z0-9][a-z0-9+.-]+(=[A-Za-z0-9.+~:-]+)?$")
-PIP_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!-]+\s*,?\s*)*$")
+PIP_RE = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?\s*((==|>=|<=|~=|!=|<|>)\s*[A-Za-z0-9.*+!-]+\s*,?\s*)*$"
+)
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,8 @@ class _Checker:
             p = (*path, k)
             if k in LIST_KEYS:
                 if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-                    self.err(p, f"{k} must be a list of package names, e.g. [{'htop' if k == 'apt' else 'wandb==0.19.1'}]")
+                    example = "htop" if k == "apt" else "wandb==0.19.1"
+                    self.err(p, f"{k} must be a list of package names, e.g. [{example}]")
                     continue
                 rx = APT_RE if k == "apt" else PIP_RE
                 bad = [x for x in v if not rx.match(x.strip())]
@@ -319,7 +322,7 @@ def _expand(checker: _Checker, top: Mapping[str, Any]) -> list[tuple[dict[str, A
             if not isinstance(v, list) or not v:
                 checker.err(("axes", k), f"axis {k} must be a non-empty list of values, e.g. {k}: [a, b]")
                 continue
-            typed = []
+            typed: list[tuple[Any, Path_]] = []
             for i, item in enumerate(v):
                 f = checker.cell_fields({k: item}, ("axes", k, i))
                 if k in f:
@@ -337,7 +340,8 @@ def _expand(checker: _Checker, top: Mapping[str, Any]) -> list[tuple[dict[str, A
     if "exclude" in top:
         ex = top["exclude"]
         if not isinstance(ex, list):
-            checker.err(("exclude",), "exclude must be a list of partial cells, e.g. - {torch: \"2.0.1\", cuda: \"11.8\"}")
+            checker.err(("exclude",),
+                        "exclude must be a list of partial cells, e.g. - {torch: \"2.0.1\", cuda: \"11.8\"}")
         else:
             for i, item in enumerate(ex):
                 m = checker.mapping(item, ("exclude", i), "an exclude entry")
@@ -429,7 +433,8 @@ def select(cells: Sequence[ImageSpec], only: Sequence[str] = (), exclude: Sequen
     for flag, pats in (("--only", only), ("--exclude", exclude)):
         for p in pats:
             if not any(fnmatch.fnmatchcase(n, p) for n in names):
-                problems.append(Problem(Loc("command line"), f"{flag} {p!r} matches no cell; cells: {', '.join(names)}"))
+                problems.append(
+                    Problem(Loc("command line"), f"{flag} {p!r} matches no cell; cells: {', '.join(names)}"))
     if problems:
         raise ProblemsError(problems)
     chosen = [c for c in cells if not only or any(fnmatch.fnmatchcase(c.name, p) for p in only)]

@@ -89,7 +89,8 @@ def read_text(path: Path, display: str) -> str:
         line = raw[: exc.start].count(b"\n") + 1
         col = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
         raise ProblemsError(
-            [Problem(Loc(display, line, col), f"is not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")]
+            [Problem(Loc(display, line, col),
+                     f"is not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")]
         ) from None
 
 
