@@ -14,8 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from docker.errors import DockerException
+
 from builder import readme, render
 from builder.compat import CompatDataError
+from builder.engine import EngineError
 from builder.log import log, table
 from builder.spec import ImageSpec, Matrix, load_matrix, select
 from builder.yamlloc import ProblemsError
@@ -158,3 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (EngineError, DockerException) as exc:
+        # The engine went away or refused mid-run: say so plainly, no traceback.
+        print(f"error: the Docker engine failed: {exc}", file=sys.stderr)
+        print("  fix: check `python build.py doctor`; start the engine with scripts/ensure-docker.sh", file=sys.stderr)
+        return EXIT_FAILED

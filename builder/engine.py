@@ -193,8 +193,11 @@ class Engine:
     def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
         """`docker import` a root filesystem tarball as `ref`."""
         repo, _, tag = ref.rpartition(":")
-        with tar_path.open("rb") as fh:
-            out = self.client.api.import_image_from_stream(fh, repository=repo, tag=tag, changes=list(changes))
+        try:
+            out = self.client.api.import_image_from_file(str(tar_path), repository=repo, tag=tag,
+                                                         changes=list(changes))
+        except docker.errors.APIError as exc:
+            raise EngineError(f"docker import of {ref} failed: {exc.explanation or exc}") from None
         text = out.decode() if isinstance(out, bytes) else str(out)
         m = re.search(r"sha256:[0-9a-f]{64}", text)
         if not m:
@@ -367,6 +370,43 @@ class Engine:
             self.remove(c)
         for n in self.client.networks.list(filters=flt):
             self.remove_network(n)
+
+    # --- smoke ---
+    def start_on_network(
+        self,
+        image: str,
+        command: Sequence[str] | None,
+        *,
+        network: str,
+        alias: str,
+        extra_labels: Mapping[str, str] | None = None,
+        **kwargs: Any,
+    ) -> Container:
+        """Like :meth:`start`, attached to ``network`` where other containers reach it as ``alias``
+        (Docker's DNS resolves aliases and names, not hostnames)."""
+        endpoint = self.client.api.create_endpoint_config(aliases=[alias])
+        return self.start(image, command, extra_labels=extra_labels, network=network,
+                          networking_config={network: endpoint}, **kwargs)
+
+    def kill(self, container: Container, signal: str = "SIGKILL") -> None:
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # already stopped
+            container.kill(signal=signal)
+
+    def state(self, container: Container) -> dict[str, Any]:
+        """The container's ``State`` (ExitCode, StartedAt, FinishedAt, OOMKilled, ...)."""
+        container.reload()
+        return dict(container.attrs.get("State") or {})
+
+    def logs(self, container: Container) -> str:
+        return bytes(container.logs(stdout=True, stderr=True)).decode("utf-8", "replace")
+
+    def archive(self, container: Container, path: str) -> bytes | None:
+        """``docker cp CONTAINER:path -`` as tar bytes; None when the path does not exist."""
+        try:
+            stream, _stat = container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        return b"".join(stream)
 
 
 def _quote(value: str) -> str:
