@@ -170,6 +170,9 @@ class Engine:
     def image_id(self, ref: str) -> str:
         return str(self.client.images.get(ref).id)
 
+    def rootfs_layers(self, ref: str) -> list[str]:
+        return list(self.client.images.get(ref).attrs.get("RootFS", {}).get("Layers", []))
+
     def image_size(self, ref: str) -> int:
         return int(self.client.images.get(ref).attrs.get("Size", 0))
 

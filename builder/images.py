@@ -23,7 +23,7 @@ from pathlib import Path
 from builder import base as base_mod
 from builder import render
 from builder.buildenv import BuildEnv, secret_files
-from builder.engine import BuildkitCli, BuildRequest, Engine, EngineError, find_buildkit_cli
+from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
 from builder.log import log
 from builder.spec import ImageSpec
 
@@ -198,6 +198,16 @@ class _Builder:
                 base_mod.ensure(self.engine, spec, self.cfg.mirror)
             return self.engine.image_id(spec.base)
 
+    def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool) -> BuildOutcome:
+        with secret_files(self.cfg.build_env) as secrets:
+            req = BuildRequest(ROOT, dockerfile, {"project": "pt-multi-gpu", f"{LABEL_NS}.cell": spec.name},
+                               secrets, log_path, no_cache)
+            return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
+
+    def _on_current_base(self, spec: ImageSpec, image_id: str) -> bool:
+        base = self.engine.rootfs_layers(spec.base)
+        return self.engine.rootfs_layers(image_id)[: len(base)] == base
+
     def build(self, spec: ImageSpec) -> CellResult:
         if self.stop.is_set():
             return CellResult(spec.name, "not-run", message="skipped after an earlier failure (use --keep-going)")
@@ -226,11 +236,13 @@ class _Builder:
                               self.engine.image_id(spec.ref), "unchanged (inputs hash matches)")
         if self.cfg.dry_run:
             return CellResult(spec.name, "would-build", message=f"inputs {digest[:19]} differ from {spec.ref}")
-        cli = self.cli()
-        with secret_files(self.cfg.build_env) as secrets:
-            req = BuildRequest(ROOT, dockerfile, {"project": "pt-multi-gpu", f"{LABEL_NS}.cell": spec.name},
-                               secrets, log_path, self.cfg.no_cache)
-            outcome = self.engine.build(req, lambda line: self.on_line(spec.name, line), cli)
+        outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache)
+        if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
+            # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
+            # cached layers from the old base were reused. Never ship that; rebuild uncached.
+            log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
+                        spec.name, spec.base)
+            outcome = self._run_build(spec, dockerfile, log_path, no_cache=True)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,
                               message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)

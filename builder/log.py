@@ -87,6 +87,9 @@ class BuildProgress:
     def line(self, cell: str, text: str) -> None:
         if not _is_step(text):
             return
+        text = " ".join(text.split())  # BuildKit prints multi-line RUNs on one line with runs of spaces
+        if len(text) > 110:
+            text = text[:107] + "..."
         self.state[cell] = text
         if self.live is not None:
             self.live.update(self._render())

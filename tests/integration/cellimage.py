@@ -1,0 +1,78 @@
+"""The real cell image the docker tier tests: built once per session through `build.py build`.
+
+It is built the way a corporate user builds: with extra CA certificates and
+pip-index and proxy settings that carry credentials, so the layer scan in
+test_build.py has real secrets to look for. `--no-cache` makes every RUN
+execute with those secrets mounted (a cached layer would prove nothing); pip's
+BuildKit cache mount still saves the downloads.
+
+Env:
+  PTMG_TEST_CELL   the cell to build (default: the 2.7.0 seed cell)
+  PTMG_TEST_IMAGE  use this image instead and build nothing (fast local runs;
+                   the leak scan then has no planted secrets and only checks CAs)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CELL = "2.7.0-cuda12.6-cudnn9-runtime"
+
+
+@dataclass(frozen=True)
+class BuiltCell:
+    ref: str
+    cell: str
+    markers: tuple[bytes, ...]  # secrets planted in the build; none may be in the image
+    build_seconds: float | None
+
+
+def make_test_ca(tmp: Path, marker: str) -> Path:
+    """A real self-signed CA (pip must still parse the bundle), unique to this run."""
+    key, crt = tmp / "ca.key", tmp / "ca.crt"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", f"/CN={marker}", "-keyout", str(key), "-out", str(crt)],
+                   check=True, capture_output=True)
+    return crt
+
+
+def pem_lines(path: Path) -> list[bytes]:
+    """Distinctive lines of every certificate in a PEM file (the base64 bodies)."""
+    lines = [ln.strip() for ln in path.read_bytes().splitlines()]
+    return [ln for ln in lines if len(ln) >= 60 and not ln.startswith(b"-----")]
+
+
+def build(tmp: Path) -> BuiltCell:
+    given = os.environ.get("PTMG_TEST_IMAGE")
+    cell = os.environ.get("PTMG_TEST_CELL", DEFAULT_CELL)
+    host_cas = sorted(Path("/usr/local/share/ca-certificates").rglob("*.crt"))
+    ca_markers = [line for p in host_cas for line in pem_lines(p)[1:3]]
+    if given:
+        return BuiltCell(given, cell, tuple(ca_markers), None)
+    token = f"ptmg-leak-{uuid.uuid4().hex[:12]}"
+    test_ca = make_test_ca(tmp, token)
+    env = {
+        **os.environ,
+        # Credentials in the index URL: PyPI ignores them, the image must not keep them.
+        "PIP_INDEX_URL": f"https://__token__:{token}-index@pypi.org/simple",
+        "PIP_TRUSTED_HOST": f"{token}-trusted.invalid",
+        # A proxy with credentials that nothing uses (NO_PROXY=*; apt's http mirror ignores https_proxy).
+        "HTTPS_PROXY": f"http://user:{token}-proxy@proxy.invalid:3128",
+        "NO_PROXY": "*",
+    }
+    argv = [sys.executable, str(ROOT / "build.py"), "build", "--only", cell, "--force", "--no-cache",
+            "--ca-cert", str(test_ca), "--json"]
+    r = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        raise RuntimeError(f"building {cell} failed (exit {r.returncode}):\n{r.stderr[-4000:]}\n{r.stdout}")
+    (result,) = json.loads(r.stdout)
+    repository = "pt-multi-gpu"
+    markers = [token.encode(), *pem_lines(test_ca)[1:3], *ca_markers]
+    return BuiltCell(f"{repository}:{cell}", cell, tuple(markers), float(result["seconds"]))
