@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder import base as base_mod
 from builder import buildenv, doctor
+from builder import publish as publish_mod
 from builder.engine import Engine, EngineError
 from builder.images import BuildConfig, CellResult, build_all
 from builder.log import BuildProgress, human_size, log, table
@@ -112,6 +113,71 @@ def _add_base_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rebootstrap", action="store_true", help="bootstrap again even if the base exists")
 
 
+def cmd_test(ctx: Context) -> int:
+    """Run each selected cell's smoke tests in containers: selftest, then the DDP job (--nodes N)."""
+    from builder import records, smoke
+
+    a = ctx.args
+    engine = _engine()
+    if engine is None:
+        return EXIT_FAILED
+    junit_dir = Path(a.junit_dir)
+    junit_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[list[str]] = []
+    report: list[dict[str, Any]] = []
+    failed = False
+    try:
+        for cell in ctx.cells:
+            if not engine.image_exists(cell.ref):
+                log.error("%s: image %s is not built; run `python build.py build --only %s`",
+                          cell.name, cell.ref, cell.name)
+                rows.append([cell.name, "not built", "-", "-", "-", "-"])
+                failed = True
+                continue
+            image_id = engine.image_id(cell.ref)
+            log.info("%s: selftest", cell.name)
+            st = smoke.run_selftest(engine, cell.ref, gpus=a.require_gpu,
+                                    args=["--nproc", str(a.nproc)])
+            if st.junit_xml:
+                (junit_dir / f"{cell.name}.xml").write_text(st.junit_xml, encoding="utf-8")
+            log.info("%s", st.summary())
+            if a.nodes > 1:
+                log.info("%s: DDP across %d nodes x %d ranks", cell.name, a.nodes, a.nproc)
+                ddp = smoke.run_multinode(engine, cell.ref, nodes=a.nodes, nproc_per_node=a.nproc)
+            else:
+                log.info("%s: DDP on one node, %d ranks", cell.name, a.nproc)
+                ddp = smoke.run_single_node(engine, cell.ref, nproc=a.nproc, gpus=a.require_gpu)
+            log.info("%s", ddp.summary())
+            ok = st.ok and ddp.ok
+            failed |= not ok
+            c = st.counts
+            if ok:
+                records.record_pass(image_id, cell.name, c.passed, c.skipped, a.nodes)
+            rows.append([cell.name, "PASS" if ok else "FAIL", str(c.passed), str(c.failed + c.errors),
+                         str(c.skipped), f"{ddp.wall_s:.1f}s (world {ddp.world_size})"])
+            report.append({"cell": cell.name, "image_id": image_id, "ok": ok, "selftest": c.__dict__,
+                           "selftest_failures": list(st.failures), "junit": str(junit_dir / f"{cell.name}.xml"),
+                           "ddp": {"ok": ddp.ok, "wall_s": round(ddp.wall_s, 1), "world_size": ddp.world_size,
+                                   "result": ddp.result.__dict__ if ddp.result else None,
+                                   "nodes": [n.describe() for n in ddp.nodes]}})
+    finally:
+        engine.cleanup_session()
+    if a.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(table(["cell", "status", "passed", "failed", "skipped", "DDP"], rows))
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _add_test_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=int, default=1, help="DDP across N containers on a private network (default 1)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks per node on CPU (gloo); default 2")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="run with --gpus all and fail when no GPU is visible (GPU runners)")
+    p.add_argument("--junit-dir", default=os.environ.get("PTMG_JUNIT_DIR", "build-logs/junit"),
+                   help="where the JUnit XML of each image goes (default build-logs/junit/)")
+
+
 def cmd_doctor(ctx: Context) -> int:
     """Check this host: engine, BuildKit, disk, NVIDIA runtime, GPUs, and which cells it can run."""
     findings = doctor.diagnose(ctx.cells)
@@ -134,5 +200,8 @@ def _with_args(fn: Callable[[Context], int], adder: Callable[[argparse.ArgumentP
 VERBS: dict[str, tuple[Callable[[Context], int], str]] = {
     "build": (_with_args(cmd_build, _add_build_args), "build the images (skips unchanged cells)"),
     "base": (_with_args(cmd_base, _add_base_args), "make base images available (pull or debootstrap)"),
+    "test": (_with_args(cmd_test, _add_test_args), "smoke-test the built images in containers (selftest + DDP)"),
     "doctor": (cmd_doctor, "check this host and say which cells it can run"),
+    "publish": (_with_args(publish_mod.cmd_publish, publish_mod.add_arguments),
+                "push the images to a registry: immutable tags, then floating ones; verify; report"),
 }

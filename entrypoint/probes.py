@@ -1,0 +1,69 @@
+"""Liveness probes, shared by the supervisor (to log "ready") and the healthcheck.
+
+A probe takes the service's entry from the state file and returns (ok, detail).
+Standard library only, short timeouts, loopback only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+
+
+def _token(token_file: str | None) -> str | None:
+    if not token_file:
+        return None
+    try:
+        with open(token_file) as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
+def http_alive(port: int, path: str, timeout: float,
+               token_file: str | None = None) -> tuple[bool, str]:
+    """Any HTTP answer below 500 counts: an unauthenticated /api/status gets 403 from
+    Jupyter, which proves it is up. With the token (readable by root and pt) the answer
+    is 200, which Jupyter does not log: the healthcheck stays out of the logs."""
+    headers = {"User-Agent": "pt-multi-gpu-healthcheck"}
+    token = _token(token_file)
+    if token:
+        headers["Authorization"] = f"token {token}"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path, headers=headers)
+        status = conn.getresponse().status
+    except (OSError, http.client.HTTPException) as exc:
+        return False, f"GET :{port}{path}: {exc}"
+    finally:
+        conn.close()
+    return status < 500, f"GET :{port}{path} -> {status}"
+
+
+HEALTHCHECK_IDENT = b"SSH-2.0-ptmg-healthcheck\r\n"
+
+
+def ssh_banner(port: int, timeout: float) -> tuple[bool, str]:
+    """sshd accepts and sends its banner. Sending our own identification first makes
+    sshd log a single "Connection closed by 127.0.0.1 ... [preauth]" line, which the
+    supervisor filters out of sshd's output."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(HEALTHCHECK_IDENT)
+            banner = sock.recv(256).split(b"\r\n", 1)[0].decode("ascii", "replace")
+    except OSError as exc:
+        return False, f"ssh :{port}: {exc}"
+    return banner.startswith("SSH-2.0-"), f"ssh :{port} -> {banner!r}"
+
+
+def probe(entry: dict[str, object], timeout: float = 2.0) -> tuple[bool, str]:
+    kind = entry.get("check")
+    port = int(str(entry.get("port", 0)))
+    if kind == "http":
+        token_file = entry.get("token_file")
+        return http_alive(port, str(entry.get("path", "/")), timeout,
+                          str(token_file) if token_file else None)
+    if kind == "ssh":
+        return ssh_banner(port, timeout)
+    return False, f"unknown check {kind!r}"

@@ -1,0 +1,383 @@
+"""The container's main process (under tini): set up, then run the services or the command.
+
+    start.sh            -> services mode: Jupyter, TensorBoard, sshd (per env), supervised
+    start.sh CMD ARGS   -> command mode: CMD runs as pt; its exit status is the container's
+    start.sh selftest … -> /opt/pt-multi-gpu/smoke_tests/selftest … as pt
+
+Order: read settings (fail fast on a bad value) -> remap pt's uid/gid (root only)
+-> diagnostics (warnings only) -> prepare services -> supervise. A crashed service
+is restarted with bounded exponential backoff; SIGTERM stops every service within
+STOP_GRACE seconds and the container exits 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO
+
+import diagnostics
+import services
+from common import (
+    WORKDIR_DEFAULT,
+    ConfigError,
+    RunAs,
+    Settings,
+    error,
+    info,
+    load_settings,
+    run_as_pt,
+    run_as_self,
+    state_dir,
+    warn,
+    write_json_atomic,
+)
+from probes import probe
+
+SELFTEST = Path("/opt/pt-multi-gpu/smoke_tests/selftest")
+STOP_GRACE = 2.0  # seconds a service gets between SIGTERM and SIGKILL (docker stop <= 3 s)
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # restart delays: 1, 2, 4, ... 30 s
+STABLE_AFTER = 30.0  # a service that ran this long is healthy again: backoff restarts at 1 s
+PROBE_EVERY = 0.25
+
+
+# ------------------------------------------------------------------- uid remap
+def _mount_points() -> set[str]:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            return {line.split()[4] for line in f}
+    except OSError:
+        return set()
+
+
+def _rechown(top: str, old: tuple[int, int], new: tuple[int, int], mounts: set[str]) -> None:
+    """Give pt's files under `top` the new ids; never descend into a mount (a bind
+    mount's files belong to the host, not to us)."""
+    for root, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if os.path.join(root, d) not in mounts]
+        for name in [".", *dirs, *files]:
+            path = os.path.join(root, name)
+            try:
+                st = os.lstat(path)
+                uid = new[0] if st.st_uid == old[0] else -1
+                gid = new[1] if st.st_gid == old[1] else -1
+                if uid != -1 or gid != -1:
+                    os.lchown(path, uid, gid)
+            except OSError:
+                pass
+
+
+def remap_pt(s: Settings) -> None:
+    pw = pwd.getpwnam("pt")
+    old = (pw.pw_uid, pw.pw_gid)
+    new = (s.pt_uid or pw.pw_uid, s.pt_gid or pw.pw_gid)
+    if new == old:
+        return
+    # -o: the host's uid/gid may already exist in the image (e.g. gid 100 "users").
+    if new[1] != old[1]:
+        subprocess.run(["groupmod", "-o", "-g", str(new[1]), "pt"], check=True)
+    subprocess.run(["usermod", "-o", "-u", str(new[0]), "-g", str(new[1]), "pt"], check=True,
+                   stdout=subprocess.DEVNULL)
+    mounts = _mount_points()
+    for top in (pw.pw_dir, WORKDIR_DEFAULT):  # never an arbitrary -w dir such as /
+        if os.path.isdir(top) and top not in mounts:
+            _rechown(top, old, new, mounts)
+    info(f"user pt remapped to uid {new[0]} gid {new[1]} (from PT_UID/PT_GID)")
+
+
+# ------------------------------------------------------------------- supervisor
+def _filter_lines(stream: IO[bytes], pattern: str) -> None:
+    """Copy a service's stderr to ours, without the lines matching `pattern`."""
+    rx = re.compile(pattern)
+    with stream:
+        for raw in stream:
+            if not rx.search(raw.decode("utf-8", "replace").rstrip("\r\n")):
+                sys.stderr.buffer.write(raw)
+                sys.stderr.buffer.flush()
+
+
+class Service:
+    def __init__(self, spec: services.ServiceSpec):
+        self.spec = spec
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.started_at = 0.0
+        self.next_start = 0.0
+        self.failures = 0
+        self.restarts = 0
+        self.ready = False
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+class Supervisor:
+    def __init__(self, specs: list[services.ServiceSpec], state_file: Path, mode: str):
+        self.services = [Service(spec) for spec in specs]
+        self.state_file = state_file
+        self.mode = mode
+        self.t0 = time.monotonic()
+        self.stop_signal: int | None = None
+        self.all_ready_logged = False
+        self.command: subprocess.Popen[bytes] | None = None
+        self._rfd, wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        os.set_blocking(wfd, False)
+        signal.set_wakeup_fd(wfd)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake select()
+
+    def _on_stop(self, signum: int, _frame: object) -> None:
+        if self.stop_signal is None:
+            self.stop_signal = signum
+
+    def write_state(self) -> None:
+        write_json_atomic(self.state_file, {
+            "mode": self.mode,
+            "supervisor_pid": os.getpid(),
+            "services": {
+                svc.name: {**svc.spec.check,
+                           "pid": svc.proc.pid if svc.proc is not None and svc.alive() else None,
+                           "restarts": svc.restarts, "argv": list(svc.spec.argv)}
+                for svc in self.services
+            },
+        })
+
+    def _start(self, svc: Service) -> None:
+        svc.started_at = time.monotonic()
+        svc.ready = False
+        try:
+            # Own session: SIGTERM/SIGKILL reach the service's whole process tree.
+            svc.proc = subprocess.Popen(list(svc.spec.argv), env=svc.spec.env, cwd=svc.spec.cwd,
+                                        stdin=subprocess.DEVNULL, start_new_session=True,
+                                        stderr=subprocess.PIPE if svc.spec.quiet else None)
+        except OSError as exc:
+            error(f"{svc.name}: cannot start ({exc})")
+            svc.proc = None
+            self._schedule_restart(svc, "failed to start")
+            return
+        if svc.spec.quiet and svc.proc.stderr is not None:
+            threading.Thread(target=_filter_lines, args=(svc.proc.stderr, svc.spec.quiet),
+                             daemon=True).start()
+        self.write_state()
+
+    def _schedule_restart(self, svc: Service, why: str) -> None:
+        ran = time.monotonic() - svc.started_at
+        svc.failures = 1 if ran >= STABLE_AFTER else svc.failures + 1
+        delay = min(BACKOFF_FIRST * 2 ** (svc.failures - 1), BACKOFF_MAX)
+        svc.next_start = time.monotonic() + delay
+        svc.restarts += 1
+        warn(f"{svc.name} {why}; restart #{svc.restarts} in {delay:g} s")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def _reap(self) -> None:
+        for svc in self.services:
+            if svc.proc is None or svc.proc.returncode is not None:
+                continue
+            code = svc.proc.poll()
+            if code is not None:
+                what = f"killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                ran = time.monotonic() - svc.started_at
+                svc.ready = False
+                if self.stop_signal is None:
+                    self._schedule_restart(svc, f"{what} after {ran:.1f} s")
+                    self.write_state()
+
+    def _probe(self) -> bool:
+        """Log each service's first readiness; True while some service is not ready."""
+        pending = False
+        for svc in self.services:
+            if svc.alive() and not svc.ready:
+                ok, _ = probe(svc.spec.check, timeout=0.2)
+                if ok:
+                    svc.ready = True
+                    info(f"{svc.name} ready ({time.monotonic() - svc.started_at:.1f} s)")
+                else:
+                    pending = True
+        if (not pending and not self.all_ready_logged and self.services
+                and all(svc.ready for svc in self.services)):
+            self.all_ready_logged = True
+            info(f"ready: {', '.join(s.name for s in self.services)} "
+                 f"({self._elapsed():.1f} s after start)")
+        return pending
+
+    def _wait(self, timeout: float) -> None:
+        with contextlib.suppress(InterruptedError):
+            select.select([self._rfd], [], [], max(0.0, timeout))
+        try:
+            while os.read(self._rfd, 512):
+                pass
+        except BlockingIOError:
+            pass
+
+    def run(self, command: tuple[list[str], dict[str, str]] | None = None,
+            late: Sequence[Callable[[], services.ServiceSpec]] = ()) -> int:
+        """Start the services, then the `late` ones (slow to prepare), then `command`;
+        supervise until the command ends or a stop signal comes."""
+        for svc in self.services:
+            self._start(svc)
+        for prepare in late:
+            try:
+                svc = Service(prepare())
+            except (OSError, subprocess.CalledProcessError) as exc:
+                error(f"cannot prepare a service: {exc}")
+                continue
+            self.services.append(svc)
+            self._start(svc)
+        if command is not None:
+            argv, env = command
+            try:
+                self.command = subprocess.Popen(argv, env=env)
+            except OSError as exc:
+                error(f"cannot run {argv[-1]!r}: {exc}")
+                self.stop_services()
+                return 127
+        self.write_state()
+        if not self.services and command is None:
+            warn("no service is enabled; the container idles until stopped "
+                 "(set JUPYTER=on, TENSORBOARD=on or an SSH key, or pass a command)")
+        last_probe = 0.0
+        while True:
+            self._reap()
+            if self.command is not None and self.command.poll() is not None:
+                code = self.command.returncode
+                self.stop_services()
+                return 128 - code if code < 0 else code
+            if self.stop_signal is not None:
+                info(f"got {signal.Signals(self.stop_signal).name}: stopping services")
+                self.stop_services()
+                if self.command is not None:
+                    # tini -g already signalled the command (same process group); let
+                    # it finish its own shutdown, as long as docker's stop timeout allows.
+                    code = self.command.wait()
+                    return 128 - code if code < 0 else code
+                return 0
+            now = time.monotonic()
+            for svc in self.services:
+                if svc.proc is not None and svc.proc.returncode is None:
+                    continue
+                if now >= svc.next_start:
+                    info(f"restarting {svc.name}")
+                    self._start(svc)
+            pending = False
+            if now - last_probe >= PROBE_EVERY:
+                last_probe = now
+                pending = self._probe()
+            waits = [svc.next_start - now for svc in self.services if not svc.alive()]
+            waits.append(PROBE_EVERY if pending or not self.all_ready_logged else 5.0)
+            self._wait(min(waits))
+
+    def stop_services(self) -> None:
+        alive = [svc for svc in self.services if svc.alive()]
+        for svc in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(svc.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + STOP_GRACE
+        while alive and time.monotonic() < deadline:
+            self._wait(min(0.05, deadline - time.monotonic()))
+            alive = [svc for svc in alive if svc.proc.poll() is None]  # type: ignore[union-attr]
+        for svc in alive:
+            warn(f"{svc.name} did not stop within {STOP_GRACE:g} s; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(svc.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+            svc.proc.wait()  # type: ignore[union-attr]
+
+
+# ------------------------------------------------------------------------- main
+def _exec(argv: list[str], env: dict[str, str]) -> int:
+    try:
+        os.execvpe(argv[0], argv, env)  # noqa: S606 - becoming the user's command is the point
+    except OSError as exc:
+        error(f"cannot run {argv[0]!r}: {exc.strerror}")
+        return 127 if isinstance(exc, FileNotFoundError) else 126
+
+
+def main(argv: list[str]) -> int:
+    env = dict(os.environ)
+    try:
+        s = load_settings(argv, env)
+    except ConfigError as exc:
+        error(f"{exc} (see /opt/pt-multi-gpu/entrypoint/README.md)")
+        return 2
+    root = os.geteuid() == 0
+    workdir = os.getcwd()
+    try:
+        if root:
+            remap_pt(s)
+            user: RunAs = run_as_pt()
+            try:
+                services.write_session_env(env, workdir)
+            except OSError as exc:  # e.g. --read-only without a tmpfs on /run
+                warn(f"cannot write the environment for SSH/login shells: {exc}")
+        else:
+            user = run_as_self()
+            why = " (PT_UID/PT_GID ignored)" if (s.pt_uid or s.pt_gid) else ""
+            warn(f"started as uid {os.geteuid()}, not root: no uid/gid remap{why} and no sshd")
+    except (subprocess.CalledProcessError, KeyError) as exc:
+        error(f"cannot set up user pt: {exc}")
+        return 1
+    sdir = state_dir()
+    sdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(sdir, 0o755)  # noqa: S103 - the healthcheck (maybe another uid) reads the state
+    state_file = sdir / "state.json"
+    base_env = user.env(services.child_env(env))
+    python = "/opt/venv/bin/python" if os.path.exists("/opt/venv/bin/python") else sys.executable
+
+    # Command: what runs in the foreground instead of (or beside) the services.
+    command: list[str] | None = None
+    if s.mode == "selftest":
+        if not os.access(SELFTEST, os.X_OK):
+            error(f"{SELFTEST} is missing or not executable in this image")
+            return 127
+        command = [str(SELFTEST), *s.argv]
+    elif s.mode == "command":
+        command = list(s.argv)
+
+    def background(fn: Callable[[], None]) -> None:
+        threading.Thread(target=fn, daemon=True).start()
+
+    try:
+        specs = [spec for spec in (
+            services.prepare_jupyter(s, env, user, sdir, workdir),
+            services.prepare_tensorboard(s, env, user, workdir, s.jupyter),
+        ) if spec is not None]
+        ssh_keys = services.plan_sshd(s, env, user)
+    except ConfigError as exc:
+        error(f"{exc} (see /opt/pt-multi-gpu/entrypoint/README.md)")
+        return 2
+    late = [] if ssh_keys is None else [
+        lambda: services.prepare_sshd(s, env, user, ssh_keys)]
+
+    if command is not None and not specs and not late:
+        # Nothing to supervise: become the command (tini reaps and forwards signals).
+        if s.diagnostics:
+            diagnostics.run(env, background=None, python=python, prefix=user.drop, child_env=base_env)
+        write_json_atomic(state_file, {"mode": s.mode, "services": {}})
+        return _exec([*user.drop, *command], base_env)
+
+    if s.diagnostics:
+        # nvidia-smi can take a second on a GPU host: keep it off the services' path.
+        background(lambda: diagnostics.run(env, background=background, python=python,
+                                           prefix=user.drop, child_env=base_env))
+    sup = Supervisor(specs, state_file, s.mode)
+    return sup.run(None if command is None else ([*user.drop, *command], base_env), late)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

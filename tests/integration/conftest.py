@@ -1,0 +1,173 @@
+"""Shared fixtures for integration tests (marker `docker`): a Docker client, the
+image under test, and factories for containers and networks that label
+everything they make and remove it again, even when a test fails.
+
+Modelled on jupyter/docker-stacks tests/utils/tracked_container.py. Only objects
+carrying this session's label are ever removed; nothing unlabelled is touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+from docker.models.containers import Container
+from docker.models.networks import Network
+
+from . import cellimage
+from .cellimage import BuiltCell
+
+LOGGER = logging.getLogger(__name__)
+PROJECT_LABEL = {"project": "pt-multi-gpu"}
+ENGINE_FIX = ("no Docker engine answers. Fix: run `bash scripts/ensure-docker.sh` (starts "
+              "dockerd as root on Debian), or point DOCKER_HOST at a running engine.")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here too so `--strict-markers` works whatever pyproject.toml says.
+    config.addinivalue_line("markers", "docker: needs a Docker engine and the image under test")
+
+
+@pytest.fixture(scope="session")
+def session_labels() -> dict[str, str]:
+    """Labels put on every container/network/volume this test session creates."""
+    return {**PROJECT_LABEL, "session": str(uuid.uuid4())}
+
+
+@pytest.fixture(scope="session")
+def docker_client(session_labels: dict[str, str]) -> Iterator[docker.DockerClient]:
+    """A client that answers, or a FAILED test with the fix: never a silent skip."""
+    try:
+        client = docker.from_env(version="auto", timeout=120)
+        client.ping()
+    except Exception as exc:
+        pytest.fail(f"{ENGINE_FIX} ({type(exc).__name__}: {exc})", pytrace=False)
+    yield client
+    _remove_session_objects(client, session_labels)
+    client.close()
+
+
+def _remove_session_objects(client: docker.DockerClient, labels: dict[str, str]) -> None:
+    """Session finalizer: remove anything still carrying this session's label."""
+    flt = {"label": f"session={labels['session']}"}
+    for c in client.containers.list(all=True, filters=flt):
+        LOGGER.warning("removing leftover container %s", c.name)
+        _quietly(c.remove, force=True, v=True)
+    for n in client.networks.list(filters=flt):
+        LOGGER.warning("removing leftover network %s", n.name)
+        _quietly(n.remove)
+    for v in client.volumes.list(filters=flt):
+        LOGGER.warning("removing leftover volume %s", v.name)
+        _quietly(v.remove, force=True)
+
+
+def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
+    try:
+        fn(*args, **kwargs)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.APIError as exc:
+        LOGGER.warning("cleanup: %s", exc)
+
+
+@pytest.fixture(scope="session")
+def built_cell(docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory) -> BuiltCell:
+    """The real cell image under test, built once per session by `build.py build` (see cellimage.py)."""
+    try:
+        cell = cellimage.build(tmp_path_factory.mktemp("cell"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        docker_client.images.get(cell.ref)
+    except docker.errors.ImageNotFound:
+        pytest.fail(f"image {cell.ref!r} is not present. Fix: unset PTMG_TEST_IMAGE, or build it "
+                    "(`python build.py build --only <cell>`).", pytrace=False)
+    return cell
+
+
+@pytest.fixture(scope="session")
+def test_image(built_cell: BuiltCell) -> str:
+    """The image under test: a real CUDA cell from images.yaml ($PTMG_TEST_CELL), or $PTMG_TEST_IMAGE."""
+    return built_cell.ref
+
+
+class TrackedContainers:
+    """Factory for labelled, detached containers that are force-removed at teardown."""
+
+    def __init__(self, client: docker.DockerClient, image: str, labels: dict[str, str]):
+        self.client = client
+        self.image = image
+        self.labels = labels
+        self.containers: list[Container] = []
+
+    def run(self, image: str | None = None, command: Any = None, **kwargs: Any) -> Container:
+        """docker run -d with this session's labels; kwargs go to containers.run()."""
+        kwargs["labels"] = {**kwargs.get("labels", {}), **self.labels}
+        kwargs["detach"] = True
+        container = self.client.containers.run(image or self.image, command, **kwargs)
+        self.containers.append(container)
+        LOGGER.info("started %s (%s) command=%r", container.name, image or self.image, command)
+        return container
+
+    def run_and_wait(self, command: Any = None, timeout: float = 120, image: str | None = None,
+                     **kwargs: Any) -> tuple[int, str]:
+        """Run to completion within `timeout` seconds; return (exit status, logs).
+        A container still running at the timeout is killed and the test fails."""
+        container = self.run(image, command, **kwargs)
+        try:
+            result = container.wait(timeout=timeout)
+        except Exception as exc:  # requests' ReadTimeout/ConnectionError
+            logs = container.logs().decode(errors="replace")
+            _quietly(container.remove, force=True)
+            pytest.fail(f"container {command!r} still running after {timeout} s ({exc}); "
+                        f"logs:\n{logs[-4000:]}")
+        return int(result["StatusCode"]), container.logs().decode(errors="replace")
+
+    def remove_all(self) -> None:
+        for container in reversed(self.containers):
+            _quietly(container.remove, force=True, v=True)
+        self.containers.clear()
+
+
+@pytest.fixture
+def container(docker_client: docker.DockerClient, test_image: str,
+              session_labels: dict[str, str]) -> Iterator[TrackedContainers]:
+    """`container.run(image=None, command=None, **docker_run_kwargs) -> Container`."""
+    tracked = TrackedContainers(docker_client, test_image, session_labels)
+    try:
+        yield tracked
+    finally:
+        tracked.remove_all()
+
+
+@pytest.fixture
+def network(docker_client: docker.DockerClient,
+            session_labels: dict[str, str]) -> Iterator[Any]:
+    """`network(name=None, **kwargs) -> Network`: a labelled network, removed at teardown
+    (after disconnecting/removing this session's containers still attached to it)."""
+    made: list[Network] = []
+
+    def create(name: str | None = None, **kwargs: Any) -> Network:
+        kwargs["labels"] = {**kwargs.get("labels", {}), **session_labels}
+        net = docker_client.networks.create(name or f"ptmg-test-{uuid.uuid4().hex[:12]}", **kwargs)
+        made.append(net)
+        return net
+
+    try:
+        yield create
+    finally:
+        for net in reversed(made):
+            try:
+                net.reload()
+                for c in net.containers:
+                    if c.labels.get("session") == session_labels["session"]:
+                        _quietly(c.remove, force=True, v=True)
+            except docker.errors.NotFound:
+                continue
+            _quietly(net.remove)
+
