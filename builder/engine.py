@@ -411,6 +411,35 @@ class Engine:
             return None
         return b"".join(stream)
 
+    # --- publish ---
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of `ref` (Id, Size, Config.Labels, RepoDigests, ...); None if absent."""
+        try:
+            return dict(self.client.images.get(ref).attrs)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def push(self, ref: str, auth_config: Mapping[str, str] | None,
+             on_event: Callable[[Mapping[str, Any]], None]) -> None:
+        """`docker push ref`, handing every progress event to `on_event`.
+
+        The credentials travel to dockerd in the request's X-Registry-Auth header (the SDK's
+        auth_config), never in argv. Errors the engine reports mid-stream arrive as events
+        with "error"; a refused request or a dropped connection raises EngineError.
+        """
+        import requests
+
+        repo, _, tag = ref.rpartition(":")
+        try:
+            stream = self.client.api.push(repo, tag=tag, stream=True, decode=True,
+                                          auth_config=dict(auth_config) if auth_config else None)
+            for event in stream:
+                on_event(event)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"push of {ref} refused: {exc.explanation or exc}") from None
+        except requests.exceptions.RequestException as exc:
+            raise EngineError(f"the Docker engine stopped answering during the push of {ref}: {exc}") from None
+
 
 def _quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
