@@ -29,6 +29,7 @@ from builder.spec import ImageSpec
 
 ROOT = Path(__file__).resolve().parent.parent
 COPIED_DIRS = ("entrypoint", "smoke_tests")  # what the Dockerfile COPYs (see .dockerignore)
+IGNORED_PARTS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache"})  # .dockerignore's exclusions
 LABEL_NS = "io.pt-multi-gpu"
 HASH_LABEL = f"{LABEL_NS}.inputs-hash"
 
@@ -94,7 +95,7 @@ def context_files(root: Path = ROOT) -> list[Path]:
     files: list[Path] = []
     for d in COPIED_DIRS:
         for p in sorted((root / d).rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc":
+            if p.is_file() and not IGNORED_PARTS.intersection(p.parts) and p.suffix != ".pyc":
                 files.append(p)
     return files
 
