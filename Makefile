@@ -7,7 +7,7 @@ PY := $(BIN)/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit test-docker render check lint engine base doctor matrix clean
+.PHONY: help images test test-unit render check lint engine base doctor matrix smoke publish clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -28,6 +28,13 @@ images: $(VENV)/.installed engine ## build every image of images.yaml (ARGS="--o
 
 base: $(VENV)/.installed engine ## make the base images offline with debootstrap where they can't be pulled
 	$(PY) build.py base $(ARGS)
+
+smoke: $(VENV)/.installed engine ## smoke-test the built images in containers (ARGS="--nodes 2" for multi-node DDP)
+	$(PY) build.py test $(ARGS)
+
+publish: $(VENV)/.installed engine ## push built, smoke-tested images: make publish REGISTRY=host[:port][/namespace]
+	@test -n "$(REGISTRY)" || { echo "usage: make publish REGISTRY=host[:port][/namespace]" >&2; exit 2; }
+	$(PY) build.py publish --registry "$(REGISTRY)" $(ARGS)
 
 doctor: $(VENV)/.installed ## check this host: engine, BuildKit, disk, GPUs, driver per cell
 	$(PY) build.py doctor $(ARGS)

@@ -34,7 +34,13 @@ class Context:
     args: argparse.Namespace
     matrix: Matrix
     cells: tuple[ImageSpec, ...]
-    config_display: str
+    config_display: str  # the matrix file as messages show it (relative to the working directory)
+    source: str  # the matrix file as generated headers name it
+    docker_dir: Path  # where its rendered Dockerfiles live
+
+    @property
+    def is_default(self) -> bool:
+        return self.docker_dir == render.DOCKER_DIR
 
 
 Verb = Callable[[Context], int]
@@ -61,11 +67,13 @@ def cmd_matrix(ctx: Context) -> int:
 
 def cmd_render(ctx: Context) -> int:
     """Write docker/<cell>/Dockerfile for each cell, or check that the committed ones are current."""
-    files = render.plan(ctx.cells, source=ctx.config_display)
+    files = render.plan(ctx.cells, ctx.docker_dir, ctx.source)
     whole = not ctx.args.only and not ctx.args.exclude
-    stale = render.stale_dirs(ctx.matrix.cells) if whole else ()
+    stale = render.stale_dirs(ctx.matrix.cells, ctx.docker_dir) if whole else ()
     readme_path = ROOT / "README.md"
-    readme_new = readme.update(readme_path.read_text(encoding="utf-8"), ctx.matrix) if readme_path.exists() else None
+    readme_new = None
+    if readme_path.exists() and ctx.is_default:  # the README describes the project's own matrix
+        readme_new = readme.update(readme_path.read_text(encoding="utf-8"), ctx.matrix)
     if ctx.args.check:
         drifted = [_display(p) for p in render.drift(files)] + [f"{_display(d)}/ (no such cell)" for d in stale]
         if whole and readme_new is not None and readme_new != readme_path.read_text(encoding="utf-8"):
@@ -157,7 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID
     fn = VERBS[args.verb][0]
     try:
-        return fn(Context(args, matrix, cells, display))
+        return fn(Context(args, matrix, cells, display, render.source_name(args.config),
+                          render.docker_dir_for(args.config)))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

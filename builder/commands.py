@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from builder import base as base_mod
 from builder import buildenv, doctor
+from builder import launch as launch_mod
 from builder import publish as publish_mod
 from builder.engine import Engine, EngineError
 from builder.images import BuildConfig, CellResult, build_all
@@ -54,7 +55,8 @@ def cmd_build(ctx: Context) -> int:
     if engine is None:
         return EXIT_FAILED
     cfg = BuildConfig(force=a.force, no_cache=a.no_cache, jobs=a.jobs, keep_going=a.keep_going,
-                      log_dir=Path(a.log_dir), build_env=env, mirror=a.mirror, dry_run=a.dry_run)
+                      log_dir=Path(a.log_dir), build_env=env, mirror=a.mirror, dry_run=a.dry_run,
+                      docker_dir=ctx.docker_dir, source=ctx.source)
     with BuildProgress([c.name for c in ctx.cells]) as progress:
         results = build_all(engine, ctx.cells, cfg, progress.line)
     for r in results:
@@ -204,4 +206,5 @@ VERBS: dict[str, tuple[Callable[[Context], int], str]] = {
     "doctor": (cmd_doctor, "check this host and say which cells it can run"),
     "publish": (_with_args(publish_mod.cmd_publish, publish_mod.add_arguments),
                 "push the images to a registry: immutable tags, then floating ones; verify; report"),
+    "launch": (launch_mod.cmd_launch, "write job definitions for a cell: Slurm sbatch, PyTorchJob, JobSet"),
 }

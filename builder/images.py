@@ -77,6 +77,8 @@ class BuildConfig:
     build_env: BuildEnv = field(default_factory=lambda: BuildEnv((), ()))
     mirror: str = base_mod.DEFAULT_MIRROR
     dry_run: bool = False
+    docker_dir: Path = render.DOCKER_DIR
+    source: str = "images.yaml"
 
 
 @dataclass(frozen=True)
@@ -223,11 +225,11 @@ class _Builder:
         return result
 
     def _build(self, spec: ImageSpec, log_path: Path, start: float) -> CellResult:
-        dockerfile = render.DOCKER_DIR / spec.name / "Dockerfile"
-        text = render.render(spec)
-        if not dockerfile.exists() or dockerfile.read_text(encoding="utf-8") != text:
-            return CellResult(spec.name, "failed", message=f"{dockerfile.relative_to(ROOT)} is missing or stale; "
-                              "run `make render` first")
+        (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
+        dockerfile, text = rendered.path, rendered.text
+        if not self.cfg.dry_run and render.write([rendered]):
+            # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
+            log.info("%s: rendered %s", spec.name, dockerfile)
         digest = inputs_hash(text, context_files(), self.base_id(spec))
         if not self.cfg.force and self.engine.image_exists(spec.ref) \
                 and self.engine.image_labels(spec.ref).get(HASH_LABEL) == digest:

@@ -110,6 +110,21 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
     )
 
 
+def docker_dir_for(config: Path) -> Path:
+    """Where a matrix's Dockerfiles go: docker/ for the project's images.yaml, else beside the file."""
+    config = config.resolve()
+    return DOCKER_DIR if config == (ROOT / "images.yaml").resolve() else config.parent / "docker"
+
+
+def source_name(config: Path) -> str:
+    """How the generated header names the matrix file: stable whatever the working directory."""
+    config = config.resolve()
+    try:
+        return config.relative_to(ROOT).as_posix()
+    except ValueError:
+        return config.name
+
+
 @dataclass(frozen=True)
 class Rendered:
     path: Path
@@ -123,6 +138,8 @@ def plan(cells: Sequence[ImageSpec], out_dir: Path = DOCKER_DIR, source: str = "
 
 def stale_dirs(cells: Sequence[ImageSpec], out_dir: Path = DOCKER_DIR) -> tuple[Path, ...]:
     """Rendered folders in docker/ for cells that no longer exist."""
+    if not out_dir.is_dir():
+        return ()
     names = {c.name for c in cells}
     return tuple(
         sorted(p for p in out_dir.iterdir() if p.is_dir() and (p / "Dockerfile").exists() and p.name not in names)
