@@ -1,0 +1,347 @@
+"""The DDP smoke job. Launch it with torchrun; every rank runs this file.
+
+    torchrun --standalone --nproc_per_node 2 ddp_job.py --out /workspace/runs/ddp-smoke
+    torchrun --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \\
+             --rdzv_endpoint node0:29400 --rdzv_id JOB ddp_job.py
+
+NCCL over every visible GPU (one rank per GPU) or gloo over CPU ranks. It
+trains a small model on synthetic data (DistributedSampler + set_epoch) and
+checks what a broken multi-GPU setup gets wrong:
+
+- the global loss decreases;
+- the parameters are bitwise identical on every rank afterwards;
+- an all-reduce of known values gives the exact expected result;
+- all-reduce bus bandwidth by message size (computed as nccl-tests does).
+
+Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
+``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. Every
+rank exits non-zero when a check fails. A hung collective fails in bounded time:
+``init_process_group(timeout=...)`` bounds gloo/NCCL waits and a per-rank
+watchdog names the stuck rank and phase, then exits 124.
+
+Works with torch 2.0.1 and newer: it uses no API newer than that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import smokelib
+
+DEFAULT_OUT = "/workspace/runs/ddp-smoke"
+HOST_BYTES = 64
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("PTMG_DDP_OUT", DEFAULT_OUT),
+                   help="results folder: result.json and tb/ (default %(default)s)")
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
+                   help="auto: nccl when a GPU is visible, else gloo")
+    p.add_argument("--steps", type=int, default=60, help="training steps (default %(default)s)")
+    p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--samples", type=int, default=4096, help="synthetic data set size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="sleep per step, to keep a run alive for fault tests")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="collective timeout in seconds (init_process_group)")
+    p.add_argument("--phase-timeout", type=float, default=180.0,
+                   help="watchdog: seconds one phase may take before the rank exits 124")
+    p.add_argument("--bench-sizes", default="4K,64K,1M,4M",
+                   help="all-reduce message sizes for the bus bandwidth table ('' to skip)")
+    p.add_argument("--bench-iters", type=int, default=5)
+    p.add_argument("--fault", choices=("none", "hang", "crash"), default="none",
+                   help="inject a fault on --fault-rank at --fault-step (for tests)")
+    p.add_argument("--fault-rank", type=int, default=1)
+    p.add_argument("--fault-step", type=int, default=3)
+    return p.parse_args(argv)
+
+
+def log(rank: int, msg: str) -> None:
+    print(f"PTMG_DDP rank {rank}: {msg}", flush=True)
+
+
+class Progress:
+    """Where each rank is, kept in the job's c10d store, so that a rank that times
+    out in a collective can name the rank it was waiting for (the laggard)."""
+
+    def __init__(self, rank: int, world_size: int, dog: smokelib.Watchdog) -> None:
+        self.rank, self.world_size, self.dog = rank, world_size, dog
+        self.store: Any = None
+
+    def attach(self) -> None:
+        try:  # torchrun's rendezvous store; private but stable since torch 1.x
+            from torch.distributed import distributed_c10d
+
+            self.store = distributed_c10d._get_default_store()
+        except Exception:
+            self.store = None
+
+    def mark(self, phase: str, step: int = 0) -> None:
+        self.dog.phase(phase)
+        if self.store is not None:
+            try:
+                self.store.set(f"ptmg/progress/{self.rank}", f"{phase}:{step}")
+            except Exception:
+                self.store = None  # the store's host is gone; keep going without it
+
+    def diagnose(self) -> str:
+        if self.store is None:
+            return f"PTMG_DDP rank {self.rank}: other ranks' progress unknown (no store)"
+        import datetime as dt
+
+        self.store.set_timeout(dt.timedelta(seconds=3))
+        seen: dict[int, str] = {}
+        for r in range(self.world_size):
+            # get() waits for a missing key until the timeout (no Store.check on torch 2.0);
+            # a rank that never reported is left out, and laggards() counts it furthest behind.
+            with contextlib.suppress(Exception):
+                seen[r] = self.store.get(f"ptmg/progress/{r}").decode()
+        late = smokelib.laggards(seen, self.world_size)
+        where = ", ".join(f"rank {r}: {seen.get(r, 'never reported')}"
+                          for r in range(self.world_size))
+        if late:
+            return (f"PTMG_DDP stuck rank(s): {', '.join(map(str, late))}, furthest behind "
+                    f"(seen by rank {self.rank}; {where})")
+        return f"PTMG_DDP rank {self.rank}: all ranks at the same point ({where})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    dog = smokelib.Watchdog(rank, args.phase_timeout)
+    progress = Progress(rank, world_size, dog)
+    dog.diagnose = progress.diagnose
+    dog.start()
+    try:
+        return run(args, rank, local_rank, world_size, progress)
+    except Exception as exc:  # a failed collective: name the rank, the phase, the laggard
+        sys.stderr.write(
+            f"PTMG_DDP rank {rank} failed in {dog.current}: {type(exc).__name__}: {exc}\n"
+        )
+        try:
+            sys.stderr.write(progress.diagnose() + "\n")
+        except Exception as diag_exc:
+            sys.stderr.write(f"PTMG_DDP rank {rank}: no diagnosis ({diag_exc})\n")
+        sys.stderr.flush()
+        return 1
+    finally:
+        dog.stop()
+
+
+def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
+        progress: Progress) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
+
+    t_start = time.monotonic()
+    backend = args.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+        torch.set_num_threads(1)  # N ranks share the host's cores
+
+    mark = progress.mark
+    mark("init_process_group")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    progress.attach()
+    assert dist.get_world_size() == world_size and dist.get_rank() == rank
+
+    mark("gather-hosts")
+    # Tensors, not all_gather_object: that pickles through NumPy on torch 2.0, and a
+    # NumPy ABI problem is test_env[numpy]'s to report, not a reason to skip the DDP checks.
+    name = socket.gethostname().encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    mine_host = torch.tensor(list(name), dtype=torch.uint8, device=device)
+    all_hosts = [torch.empty_like(mine_host) for _ in range(world_size)]
+    dist.all_gather(all_hosts, mine_host)
+    hosts = [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in all_hosts]
+    if rank == 0:
+        log(rank, f"world_size={world_size} backend={backend} hosts={hosts} torch={torch.__version__}")
+
+    # -- data and model: identical on every rank (same seed), sharded by the sampler
+    mark("setup")
+    g = torch.Generator().manual_seed(args.seed)
+    features = 16
+    x = torch.randn(args.samples, features, generator=g)
+    w_true = torch.randn(features, 1, generator=g)
+    y = x @ w_true + 0.01 * torch.randn(args.samples, 1, generator=g)
+    dataset = TensorDataset(x, y)
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
+                                 seed=args.seed)
+    loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
+
+    torch.manual_seed(args.seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(features, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
+    ).to(device)
+    ddp = DDP(model, device_ids=[local_rank] if backend == "nccl" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    loss_fn = torch.nn.MSELoss()
+
+    writer = None
+    if rank == 0:
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(log_dir=os.path.join(args.out, "tb"))
+
+    # -- training
+    mark("train")
+    losses: list[float] = []
+    step, epoch = 0, 0
+    t_train = time.monotonic()
+    while step < args.steps:
+        sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
+        for xb, yb in loader:
+            if step >= args.steps:
+                break
+            if args.fault != "none" and rank == args.fault_rank and step == args.fault_step:
+                log(rank, f"injecting fault {args.fault} at step {step}")
+                if args.fault == "crash":
+                    os._exit(3)
+                while True:  # hang: the other ranks wait for us in the next collective
+                    time.sleep(3600)
+            mark("train", step)  # working on this step; resets the watchdog's deadline
+            inputs, targets = xb.to(device), yb.to(device)
+            opt.zero_grad()
+            loss = loss_fn(ddp(inputs), targets)
+            loss.backward()
+            opt.step()
+            global_loss = loss.detach().clone()
+            dist.all_reduce(global_loss)  # the mean loss over all ranks, identical everywhere
+            value = global_loss.item() / world_size
+            losses.append(value)
+            if writer is not None:
+                writer.add_scalar("loss/train", value, step)
+            if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+                log(rank, f"phase=train epoch={epoch} step={step} loss={value:.5f}")
+            step += 1
+            if args.step_sleep:
+                time.sleep(args.step_sleep)
+        epoch += 1
+    if backend == "nccl":
+        torch.cuda.synchronize()
+    train_s = time.monotonic() - t_train
+
+    # -- parameters bitwise identical on every rank
+    mark("param-check")
+    flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+    bits = flat.view(torch.int32)
+    gathered = [torch.empty_like(bits) for _ in range(world_size)]
+    dist.all_gather(gathered, bits)
+    params_identical = all(torch.equal(gathered[0], t) for t in gathered)
+    params_sha256 = hashlib.sha256(repr(bits.cpu().tolist()).encode()).hexdigest()
+
+    # -- all-reduce of known values is exact
+    mark("allreduce-check")
+    n = 4096
+    ints = torch.arange(n, dtype=torch.int64, device=device) * (rank + 1)
+    dist.all_reduce(ints)
+    tri = world_size * (world_size + 1) // 2
+    ints_ok = torch.equal(ints, torch.arange(n, dtype=torch.int64, device=device) * tri)
+    floats = torch.full((n,), float(rank + 1), dtype=torch.float32, device=device)
+    dist.all_reduce(floats)
+    floats_ok = bool((floats == float(tri)).all().item())
+    maxes = torch.tensor([float(rank)], device=device)
+    dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
+    max_ok = maxes.item() == float(world_size - 1)
+    allreduce_exact = ints_ok and floats_ok and max_ok
+
+    # -- all-reduce bandwidth by message size
+    mark("bench")
+    busbw: list[dict[str, float]] = []
+    sizes = [smokelib.parse_size(s) for s in args.bench_sizes.split(",") if s.strip()]
+    for nbytes in sizes:
+        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        for _ in range(2):  # warm-up: connections, allocator
+            dist.all_reduce(buf)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.bench_iters):
+            dist.all_reduce(buf)
+        if backend == "nccl":
+            torch.cuda.synchronize()
+        elapsed = torch.tensor([(time.perf_counter() - t0) / args.bench_iters], device=device,
+                               dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+        seconds = float(elapsed.item())
+        alg, bus = smokelib.bus_bandwidth(buf.numel() * 4, seconds, world_size)
+        busbw.append({"bytes": buf.numel() * 4, "time_us": seconds * 1e6,
+                      "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9})
+
+    # -- every rank's verdict, so one bad rank fails them all
+    mark("verdict")
+    decreased = smokelib.loss_decreased(losses)
+    mine = torch.tensor([int(params_identical and allreduce_exact and decreased)],
+                        dtype=torch.int64, device=device)
+    dist.all_reduce(mine, op=dist.ReduceOp.MIN)
+    ok = bool(mine.item())
+
+    if rank == 0:
+        mark("write-result")
+        assert writer is not None
+        writer.close()
+        result: dict[str, Any] = {
+            "schema": 1,
+            "ok": ok,
+            "world_size": world_size,
+            "backend": backend,
+            "nodes": len(set(hosts)),
+            "hosts": hosts,
+            "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
+            "device": str(device),
+            "torch": torch.__version__,
+            "steps": len(losses),
+            "steps_per_s": len(losses) / train_s if train_s > 0 else 0.0,
+            "initial_loss": losses[0] if losses else None,
+            "final_loss": losses[-1] if losses else None,
+            "loss_decreased": decreased,
+            "params_identical": params_identical,
+            "params_sha256": params_sha256,
+            "allreduce_exact": allreduce_exact,
+            "busbw": busbw,
+            "tensorboard_dir": os.path.join(args.out, "tb"),
+            "wall_s": time.monotonic() - t_start,
+        }
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "result.json"), "w") as fh:
+            json.dump(result, fh, indent=2)
+        print(smokelib.RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
+
+    mark("destroy")
+    dist.barrier()
+    dist.destroy_process_group()
+    if not ok:
+        sys.stderr.write(
+            f"PTMG_DDP rank {rank}: checks failed (params_identical={params_identical}, "
+            f"allreduce_exact={allreduce_exact}, loss_decreased={decreased})\n"
+        )
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

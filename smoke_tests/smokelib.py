@@ -1,0 +1,366 @@
+"""Pure helpers shared by the in-image smoke tests, the DDP job and the host runner.
+
+Nothing here imports torch at module level: the host-side unit tests import this
+module without torch installed. Code here runs inside every image, from torch
+2.0.1 (Python 3.8+) to the newest, so it sticks to the standard library.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+
+class SmokeConfig(NamedTuple):
+    """The suite's settings (from selftest's flags), shared by every smoke test."""
+
+    require_gpu: bool
+    nproc: int | None
+    out: str
+    expect: dict[str, str]
+    ddp_timeout: float
+
+
+# --- expectations ------------------------------------------------------------
+
+#: check name -> (ENV variable, image label). The contract is docs/image-layout.md.
+EXPECT_KEYS: dict[str, tuple[str, str]] = {
+    "torch": ("PTMG_TORCH", "io.pt-multi-gpu.torch"),
+    "torchvision": ("PTMG_TORCHVISION", "io.pt-multi-gpu.torchvision"),
+    "cuda": ("PTMG_CUDA", "io.pt-multi-gpu.cuda"),
+    "cudnn": ("PTMG_CUDNN", "io.pt-multi-gpu.cudnn"),
+    "nccl": ("PTMG_NCCL", "io.pt-multi-gpu.nccl"),
+    "python": ("PTMG_PYTHON", "io.pt-multi-gpu.python"),
+    "cuda-arch-list": ("PTMG_CUDA_ARCH_LIST", "io.pt-multi-gpu.cuda-arch-list"),
+    "min-driver": ("PTMG_MIN_DRIVER", "io.pt-multi-gpu.min-driver"),
+}
+
+#: Values of PTMG_CUDA that mean "a CPU-only build of torch".
+CPU_MARKERS = frozenset({"cpu", "none"})
+
+
+def load_expectations(
+    env: Mapping[str, str], overrides: Mapping[str, Any] | None = None
+) -> dict[str, str]:
+    """Expected versions: ``PTMG_*`` from ``env``, overridden by ``overrides``.
+
+    ``overrides`` may be image labels (``io.pt-multi-gpu.torch``), plain names
+    (``torch``) or env names (``PTMG_TORCH``). Empty values mean "unknown" and
+    are left out, so a check without an expectation is skipped, never passed.
+    """
+    out: dict[str, str] = {}
+    for name, (env_key, _label) in EXPECT_KEYS.items():
+        value = env.get(env_key, "").strip()
+        if value:
+            out[name] = value
+    for key, raw in (overrides or {}).items():
+        name = _expect_name(str(key))
+        value = "" if raw is None else str(raw).strip()
+        if name is not None and value:
+            out[name] = value
+    return out
+
+
+def _expect_name(key: str) -> str | None:
+    for name, (env_key, label) in EXPECT_KEYS.items():
+        if key in (name, env_key, label):
+            return name
+    return None
+
+
+# --- versions ----------------------------------------------------------------
+
+_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """``"2.7.0+cu126"`` -> ``(2, 7, 0)``; ``"9.5.1.17"`` -> ``(9, 5, 1, 17)``."""
+    m = _VERSION_RE.match(text)
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+def pin_matches(expected: str, actual: str) -> bool:
+    """An exact pin (``2.7.0``) against an installed version (``2.7.0+cu126``).
+
+    The local part (``+cu126``) is compared only when the pin names one.
+    """
+    if "+" in expected:
+        return expected.strip() == actual.strip()
+    return actual.split("+", 1)[0].strip() == expected.strip()
+
+
+def prefix_matches(expected: str, actual: str, min_parts: int = 2) -> bool:
+    """Compare on the components both sides have, at least ``min_parts``.
+
+    ``("12.6.3", "12.6")`` matches; ``("12.6", "12.4")`` and ``("12", "12.4")`` do not.
+    """
+    e, a = version_tuple(expected), version_tuple(actual)
+    n = min(len(e), len(a))
+    if n < min_parts:
+        return False
+    return e[:n] == a[:n]
+
+
+def decode_cudnn(version: int) -> tuple[int, int, int]:
+    """``torch.backends.cudnn.version()`` -> (major, minor, patch).
+
+    cuDNN 9 encodes ``major*10000 + minor*100 + patch`` (9.5.1 -> 90501),
+    cuDNN 7/8 ``major*1000 + minor*100 + patch`` (8.5.0 -> 8500).
+    """
+    if version >= 90000:
+        return version // 10000, (version % 10000) // 100, version % 100
+    return version // 1000, (version % 1000) // 100, version % 100
+
+
+def decode_nccl(version: Any) -> tuple[int, ...]:
+    """``torch.cuda.nccl.version()`` -> (major, minor, patch).
+
+    Recent torch returns a tuple; old torch an int: ``2708`` (2.7.8, before
+    NCCL 2.9) or ``21403`` (2.14.3, ``major*10000 + minor*100 + patch``).
+    """
+    if isinstance(version, (tuple, list)):
+        return tuple(int(v) for v in version[:3])
+    v = int(version)
+    if v >= 10000:
+        return v // 10000, (v % 10000) // 100, v % 100
+    return v // 1000, (v % 1000) // 100, v % 100
+
+
+def decode_torchvision_cuda(version: Any) -> tuple[int, int] | None:
+    """``torchvision.version.cuda`` (``"12060"``/``12060``/``"12.6"``/None) -> (12, 6)."""
+    if version in (None, "", 0, "0"):
+        return None
+    text = str(version)
+    if "." in text:
+        t = version_tuple(text)
+        return t[0], (t[1] if len(t) > 1 else 0)
+    v = int(text)
+    return v // 1000, (v % 1000) // 10
+
+
+def format_version(parts: Sequence[int]) -> str:
+    return ".".join(str(p) for p in parts)
+
+
+# --- GPU architectures -------------------------------------------------------
+
+_ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
+
+
+def parse_arch(arch: str) -> tuple[str, int, int, str] | None:
+    """``"sm_86"`` -> ("sm", 8, 6, ""); ``"compute_90"`` -> ("compute", 9, 0, "");
+    ``"sm_90a"`` -> ("sm", 9, 0, "a"). Unknown text -> None."""
+    m = _ARCH_RE.match(arch.strip())
+    if not m:
+        return None
+    kind, digits, suffix = m.group(1), m.group(2), m.group(3)
+    return kind, int(digits[:-1]), int(digits[-1]), suffix
+
+
+def arch_covers(arch_list: Iterable[str], capability: tuple[int, int]) -> bool:
+    """Whether a build for ``arch_list`` runs natively or by PTX JIT on ``capability``.
+
+    - a cubin ``sm_XY`` runs on every GPU of the same major X with minor >= Y;
+    - an arch-specific cubin (``sm_90a``, ``sm_100f``) runs only on exactly X.Y;
+    - PTX ``compute_XY`` is JIT-compiled for any GPU with capability >= X.Y.
+    """
+    major, minor = capability
+    for arch in arch_list:
+        parsed = parse_arch(arch)
+        if parsed is None:
+            continue
+        kind, a_major, a_minor, suffix = parsed
+        if kind == "compute":
+            if (a_major, a_minor) <= (major, minor):
+                return True
+        elif suffix:
+            if (a_major, a_minor) == (major, minor):
+                return True
+        elif a_major == major and a_minor <= minor:
+            return True
+    return False
+
+
+def split_arch_list(text: str) -> list[str]:
+    """``"sm_50 sm_60;sm_90"`` -> ["sm_50", "sm_60", "sm_90"] (space, comma or semicolon)."""
+    return [p for p in re.split(r"[\s,;]+", text.strip()) if p]
+
+
+# --- DDP ---------------------------------------------------------------------
+
+RESULT_MARKER = "PTMG_DDP_RESULT "
+
+
+def clamp_nproc(requested: int | None, gpus: int, backend: str) -> tuple[int, str]:
+    """How many ranks one node runs, and a note when the request was changed.
+
+    NCCL refuses two ranks on one GPU, so NCCL ranks are clamped to the GPU count
+    (default: one per GPU). gloo runs ``requested`` CPU ranks (default 2).
+    """
+    if backend == "nccl":
+        if gpus < 1:
+            raise ValueError("backend nccl needs at least one visible GPU")
+        if requested is None:
+            return gpus, ""
+        if requested > gpus:
+            return gpus, f"--nproc {requested} clamped to {gpus}: NCCL needs one GPU per rank"
+        return max(1, requested), ""
+    n = 2 if requested is None else requested
+    if n < 1:
+        raise ValueError(f"--nproc must be >= 1, got {n}")
+    return n, ""
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
+    """(algbw, busbw) in bytes/s for one all-reduce, as nccl-tests computes them.
+
+    algbw = bytes / time; busbw = algbw * 2(n-1)/n (what each link carries in a ring).
+    """
+    if seconds <= 0:
+        raise ValueError("time must be positive")
+    algbw = nbytes / seconds
+    factor = 2.0 * (world_size - 1) / world_size if world_size > 0 else 0.0
+    return algbw, algbw * factor
+
+
+def parse_size(text: str) -> int:
+    """``"64K"`` -> 65536, ``"4M"`` -> 4194304, ``"512"`` -> 512."""
+    m = re.match(r"^\s*(\d+)\s*([KMG]?)i?B?\s*$", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r}")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2).upper()]
+    return int(m.group(1)) * scale
+
+
+def human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def loss_decreased(losses: Sequence[float], window: int = 5, factor: float = 0.7) -> bool:
+    """The mean of the last ``window`` losses is below ``factor`` x the first ``window``'s."""
+    if len(losses) < 2 * window:
+        return False
+    first = sum(losses[:window]) / window
+    last = sum(losses[-window:]) / window
+    return not math.isnan(last) and last < factor * first
+
+
+def find_result(text: str) -> dict[str, Any] | None:
+    """The last ``PTMG_DDP_RESULT {json}`` line in a log, parsed; None when there is none."""
+    found: dict[str, Any] | None = None
+    for line in text.splitlines():
+        idx = line.find(RESULT_MARKER)
+        if idx < 0:
+            continue
+        try:
+            value = json.loads(line[idx + len(RESULT_MARKER):])
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found = value
+    return found
+
+
+#: The DDP job's phases in order; a rank's progress is (phase index, step).
+PHASES = ("start", "init_process_group", "gather-hosts", "setup", "train", "param-check",
+          "allreduce-check", "bench", "verdict", "write-result", "destroy")
+
+
+def parse_progress(text: str) -> tuple[int, int]:
+    """``"train:12"`` -> (index of train in PHASES, 12); unknown phase -> (-1, step)."""
+    phase, _, step = text.partition(":")
+    index = PHASES.index(phase) if phase in PHASES else -1
+    return index, int(step or 0)
+
+
+def laggards(progress: Mapping[int, str], world_size: int) -> list[int]:
+    """The ranks furthest behind: the ones the others wait for in a hung collective.
+
+    ``progress`` maps rank -> ``"phase:step"`` as each rank last reported it; a
+    rank that never reported counts as furthest behind. Empty when every rank is
+    at the same point (then no single rank is to blame).
+    """
+    keyed = {r: parse_progress(progress[r]) if r in progress else (-2, 0)
+             for r in range(world_size)}
+    if not keyed:
+        return []
+    low = min(keyed.values())
+    if low == max(keyed.values()):
+        return []
+    return sorted(r for r, k in keyed.items() if k == low)
+
+
+class Watchdog:
+    """Ends this process with exit code 124 when one phase runs past its deadline.
+
+    A hung collective blocks the main thread inside C++; this thread still runs,
+    names the rank and the phase on stderr, and exits hard (``os._exit``), so
+    torchrun sees the failure and tears down the other ranks.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        deadline_s: float,
+        poll_s: float = 0.5,
+        diagnose: Callable[[], str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.diagnose = diagnose
+        self.deadline_s = deadline_s
+        self.poll_s = poll_s
+        self._phase = "start"
+        self._since = time.monotonic()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ptmg-watchdog", daemon=True)
+
+    def start(self) -> Watchdog:
+        self._thread.start()
+        return self
+
+    def phase(self, name: str, deadline_s: float | None = None) -> None:
+        with self._lock:
+            self._phase = name
+            self._since = time.monotonic()
+            if deadline_s is not None:
+                self.deadline_s = deadline_s
+
+    @property
+    def current(self) -> str:
+        with self._lock:
+            return self._phase
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            with self._lock:
+                phase, since, deadline = self._phase, self._since, self.deadline_s
+            waited = time.monotonic() - since
+            if waited > deadline:
+                sys.stderr.write(
+                    f"PTMG_DDP rank {self.rank} stuck in {phase} for {waited:.0f}s "
+                    f"(deadline {deadline:.0f}s): exiting 124\n"
+                )
+                if self.diagnose is not None:
+                    try:
+                        sys.stderr.write(self.diagnose() + "\n")
+                    except Exception as exc:  # diagnosis is best effort; the exit is not
+                        sys.stderr.write(f"PTMG_DDP rank {self.rank}: no diagnosis ({exc})\n")
+                sys.stderr.flush()
+                sys.stdout.flush()
+                os._exit(124)
