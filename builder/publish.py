@@ -1079,14 +1079,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where publish-report.json and publish-report.md go (default build-logs/publish/)")
     p.add_argument("--allow-untested", action="store_true",
                    help="move floating tags even for images without a recorded smoke-test pass (reported loudly)")
-    p.add_argument("--attempts", type=int, default=int(os.environ.get("PTMG_PUSH_ATTEMPTS", "4")),
-                   help="tries per tag for transient registry faults (default 4; exponential backoff with jitter)")
+    p.add_argument("--attempts", type=int, default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
+                   help="tries per tag for transient registry faults (default 4, env PTMG_PUSH_ATTEMPTS; "
+                        "exponential backoff with jitter)")
 
 
 def _print_summary(report: Report) -> None:
-    rows = [[c.cell, t.tag, t.kind, t.status, _short(t.digest or c.digest)] for c in report.cells for t in c.tags]
-    rows += [[c.cell, "-", "-", "failed", "-"] for c in report.cells if not c.tags]
-    print(table(["cell", "tag", "kind", "status", "digest"], rows))
+    rows = [[c.cell, t.tag, t.kind, t.status, f"{t.seconds:.1f}s", human_size(t.compressed_size), _short(t.digest)]
+            for c in report.cells for t in c.tags]
+    rows += [[c.cell, "-", "-", "failed", "-", "-", "-"] for c in report.cells if not c.tags]
+    print(table(["cell", "tag", "kind", "status", "time", "size", "digest"], rows))
 
 
 def cmd_publish(ctx: Context) -> int:

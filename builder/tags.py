@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from builder.spec import TAG_RE, ImageSpec, Matrix
@@ -154,9 +154,3 @@ def tags_table(matrix: Matrix, date: dt.date | str, sha: str) -> str:
                          ", ".join(f"`{t}`" for t in p.floating),
                          ", ".join(f"`{t}`" for t in p.immutable)]))
     return "\n".join(rows)
-
-
-def describe(plans: Mapping[str, CellTags]) -> list[str]:
-    """One line per cell, for logs and --dry-run."""
-    return [f"{name}: immutable {', '.join(p.immutable)}; floating {', '.join(p.floating)}"
-            for name, p in plans.items()]
