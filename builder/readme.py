@@ -13,14 +13,15 @@ END = "<!-- END images -->"
 def images_table(matrix: Matrix) -> str:
     rows = []
     for c in matrix.cells:
-        tags = f"`{c.ref}`" + (f", `{c.repository}:latest`" if c.latest else "")
-        rows.append([tags, c.torch, c.torchvision, f"{c.cuda} ({c.cuda_full})", c.cudnn, c.nccl or "bundled",
+        refs = f"`{c.ref}`" + (f", `{c.repository}:latest`" if c.latest else "")
+        rows.append([refs, c.torch, c.torchvision, f"{c.cuda} ({c.cuda_full})", c.cudnn, c.nccl or "bundled",
                      c.python, c.base, f">= {c.min_driver}"])
     header = ["image", "torch", "torchvision", "CUDA", "cuDNN", "NCCL", "Python", "base", "NVIDIA driver"]
     tags = [[f"`{c.tag}`", ", ".join(f"`{t}`" for t in floating_tags(c, matrix.cells)),
              f"`{c.tag}-<YYYYMMDD>`, `{c.tag}-<git sha>`"] for c in matrix.cells]
     tag_header = ["cell", "floating tags (move to each new build)", "immutable tags (never overwritten)"]
-    return markdown_table(header, rows) + "\n\nTags published by `build.py publish`:\n\n" + markdown_table(tag_header, tags)
+    intro = "\n\nTags published by `build.py publish`:\n\n"
+    return markdown_table(header, rows) + intro + markdown_table(tag_header, tags)
 
 
 def update(text: str, matrix: Matrix) -> str:
