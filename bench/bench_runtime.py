@@ -143,7 +143,7 @@ def fmt(values: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--image", default=os.environ.get("PTMG_TEST_IMAGE") or "ptmg-dev-runtime:latest")
+    ap.add_argument("--image", default=os.environ.get("PTMG_TEST_IMAGE") or "pt-multi-gpu:latest")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true", help="raw results as JSON instead of the table")
     args = ap.parse_args(argv)

@@ -23,14 +23,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import jinja2
 import yaml
 
 from builder.log import log
+from builder.render import template_environment
 from builder.smoke import DDP_JOB, RDZV_PORT, ddp_job_args, torchrun_argv
 
 if TYPE_CHECKING:
@@ -212,16 +211,6 @@ def shell_join(argv: Sequence[str], expand: Sequence[str] = ()) -> str:
 # --- Slurm ---------------------------------------------------------------------------
 
 
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
-    return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(LAUNCH_DIR)),
-        undefined=jinja2.StrictUndefined,
-        keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - a shell script, not HTML
-    )
-
-
 def slurm_torchrun(cfg: LaunchConfig) -> str:
     """The torchrun line each node runs (its rendezvous endpoint and id expand on the node)."""
     script = cfg.script()
@@ -245,7 +234,7 @@ def render_slurm(cfg: LaunchConfig) -> str:
     env = cfg.env_vars(default_ifname=None)
     image = pyxis_image(cfg.image.ref) if cfg.launcher == "pyxis" else cfg.image.ref
     passed = (*SLURM_VARS, "PTMG_RDZV_ENDPOINT", "PTMG_RDZV_ID", "PTMG_NODE_SCRIPT", *(k for k, _ in env))
-    return _environment().get_template("sbatch.sh.j2").render(
+    return template_environment(LAUNCH_DIR).get_template("sbatch.sh.j2").render(
         source=cfg.source,
         cell=cfg.cell,
         pin=cfg.image,

@@ -34,13 +34,14 @@ BASE_APT = (
 )
 
 
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+@lru_cache(maxsize=4)
+def template_environment(folder: Path) -> jinja2.Environment:
+    """Jinja2 for our templates (Dockerfiles, shell scripts): strict, and no HTML escaping."""
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(DOCKER_DIR)),
+        loader=jinja2.FileSystemLoader(str(folder)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
-        autoescape=False,  # noqa: S701 - Dockerfiles, not HTML
+        autoescape=False,  # noqa: S701 - Dockerfiles and shell scripts, not HTML
     )
 
 
@@ -93,7 +94,7 @@ def static_labels(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
 
 def render(spec: ImageSpec, source: str = "images.yaml") -> str:
     """The Dockerfile for one cell. Pure and deterministic."""
-    template = _environment().get_template(TEMPLATE)
+    template = template_environment(DOCKER_DIR).get_template(TEMPLATE)
     apt = sorted(set(BASE_APT) | set(spec.apt))
     wheel_text = "PyPI" if spec.wheel_source == "pypi" else spec.wheel_source
     return template.render(

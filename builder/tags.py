@@ -141,16 +141,3 @@ def plan(matrix: Matrix, date: dt.date | str, revision: str) -> dict[str, CellTa
 
 def _md(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
-
-
-def tags_table(matrix: Matrix, date: dt.date | str, sha: str) -> str:
-    """A markdown table of the current tags of every cell, for the README."""
-    plans = plan(matrix, date, sha)
-    rows = [_md(["image", "floating tags (move on each release)", "immutable tags (this release)"]),
-            "|---|---|---|"]
-    for c in matrix.cells:
-        p = plans[c.name]
-        rows.append(_md([f"`{c.repository}:{c.tag}`",
-                         ", ".join(f"`{t}`" for t in p.floating),
-                         ", ".join(f"`{t}`" for t in p.immutable)]))
-    return "\n".join(rows)

@@ -130,17 +130,3 @@ def test_too_long_tag_rejected(tmp_path: Path) -> None:
     m = _matrix(tmp_path, 'repository: r\ntag: "' + "x" * 120 + '-{torch}"\ninclude:\n  - {torch: "2.7.0"}\n')
     with pytest.raises(tags.TagError, match="not a valid Docker tag"):
         tags.immutable_tags(m.cells[0], "20261130", "abcdef0")
-
-
-def test_tags_table(matrix: Matrix) -> None:
-    text = tags.tags_table(matrix, dt.date(2026, 11, 30), "abcdef0123")
-    lines = text.splitlines()
-    assert lines[0].startswith("| image | floating tags")
-    assert lines[1] == "|---|---|---|"
-    assert len(lines) == 2 + len(matrix.cells)
-    row = next(line for line in lines if "`pt-multi-gpu:2.7.1-cuda12.8-cudnn9-runtime`" in line)
-    assert row == ("| `pt-multi-gpu:2.7.1-cuda12.8-cudnn9-runtime` | `2.7.1-cuda12.8-cudnn9-runtime`, "
-                   "`2.7-cuda12.8`, `latest` | `2.7.1-cuda12.8-cudnn9-runtime-20261130`, "
-                   "`2.7.1-cuda12.8-cudnn9-runtime-abcdef0` |")
-    # Deterministic: same input, same bytes.
-    assert tags.tags_table(matrix, "20261130", "abcdef0123") == text
