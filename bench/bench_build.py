@@ -119,9 +119,10 @@ def main() -> None:
             t, _ = timed_build(["--config", str(cfg), "--force"])
             log = (ROOT / "build-logs" / f"{spec.torch}-cuda{spec.cuda}-cudnn{spec.cudnn_major}-dev.log").read_text()
             downloaded = "Downloading torch-" in log
-            cached = "Using cached torch-" in log
+            reused = "File was already downloaded /tmp/wheels/torch-" in log
             out.append(f"| second cell with torch {spec.torch} (dev flavour) | {t:.0f} s; torch downloaded again: "
-                       f"{'yes' if downloaded else 'no'} (pip: {'Using cached' if cached else '?'}) | not downloaded |")
+                       f"{'yes' if downloaded else 'no'} (pip: {'already in the wheelhouse' if reused else '?'}) "
+                       "| not downloaded |")
             run([DOCKER, "image", "rm", f"ptmg-bench:{spec.torch}-cuda{spec.cuda}-cudnn{spec.cudnn_major}-dev"])
 
     # 2. entrypoint-only change
