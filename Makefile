@@ -7,7 +7,7 @@ PY := $(BIN)/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit render check lint engine base doctor matrix smoke publish clean
+.PHONY: help images test test-unit render check lint engine base doctor matrix smoke publish pictures clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -35,6 +35,9 @@ smoke: $(VENV)/.installed engine ## smoke-test the built images in containers (A
 publish: $(VENV)/.installed engine ## push built, smoke-tested images: make publish REGISTRY=host[:port][/namespace]
 	@test -n "$(REGISTRY)" || { echo "usage: make publish REGISTRY=host[:port][/namespace]" >&2; exit 2; }
 	$(PY) build.py publish --registry "$(REGISTRY)" $(ARGS)
+
+pictures: $(VENV)/.installed engine ## regenerate docs/img/ (screenshots + size chart) from real runs of the latest image
+	$(PY) scripts/pictures.py $(ARGS)
 
 doctor: $(VENV)/.installed ## check this host: engine, BuildKit, disk, GPUs, driver per cell
 	$(PY) build.py doctor $(ARGS)

@@ -11,12 +11,9 @@ Every port is published on 127.0.0.1 only, on a random host port.
 
 from __future__ import annotations
 
-import base64
-import itertools
 import json
 import os
 import re
-import shutil
 import subprocess
 import tarfile
 import time
@@ -29,6 +26,7 @@ import pytest
 import requests
 import websocket
 
+from tests.browser import BrowserMissing, Chrome
 from tests.support import host_port, wait_until
 
 pytestmark = pytest.mark.docker
@@ -300,65 +298,12 @@ def test_kernel_imports_the_image_torch(container: Any, expected_torch: str) -> 
 
 
 # ------------------------------------------------------------------------ browser
-class Chrome:
-    """Headless Chromium driven over the DevTools protocol (websocket-client)."""
-
-    def __init__(self, profile: Path):
-        exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-        if not exe:
-            pytest.fail("no chromium on this host. Fix: apt-get install -y chromium", pytrace=False)
-        self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--no-first-run", "--no-default-browser-check", "--disable-dev-shm-usage",
-             "--remote-debugging-port=0", f"--user-data-dir={profile}", "--window-size=1400,900",
-             "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        active = profile / "DevToolsActivePort"
-        port = wait_until(lambda: active.exists() and active.read_text().split()[0], 60,
-                          what="Chromium's DevTools port")
-        pages = wait_until(lambda: [t for t in requests.get(f"http://{LOCAL}:{port}/json", timeout=5).json()
-                                    if t["type"] == "page"], 30, what="a Chromium page target")
-        self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=60,
-                                              suppress_origin=True)
-        self.ids = itertools.count(1)
-
-    def call(self, method: str, **params: Any) -> dict[str, Any]:
-        mid = next(self.ids)
-        self.ws.send(json.dumps({"id": mid, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv())
-            if msg.get("id") == mid:
-                if "error" in msg:
-                    raise AssertionError(f"{method}: {msg['error']}")
-                return dict(msg.get("result", {}))
-
-    def goto(self, url: str) -> None:
-        self.call("Page.navigate", url=url)
-
-    def js(self, expression: str) -> Any:
-        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
-        return result.get("result", {}).get("value")
-
-    def screenshot(self, path: Path) -> Path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
-        return path
-
-    def close(self) -> None:
-        try:
-            self.ws.close()
-        finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 @pytest.fixture
 def chrome(tmp_path: Path) -> Any:
-    browser = Chrome(tmp_path / "chromium-profile")
+    try:
+        browser = Chrome(tmp_path / "chromium-profile")
+    except BrowserMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
     try:
         yield browser
     finally:
