@@ -66,4 +66,8 @@ def probe(entry: dict[str, object], timeout: float = 2.0) -> tuple[bool, str]:
                           str(token_file) if token_file else None)
     if kind == "ssh":
         return ssh_banner(port, timeout)
+    if kind == "pending":
+        return False, "enabled, still starting"
+    if kind == "failed":
+        return False, "enabled, but it could not be started (see the container log)"
     return False, f"unknown check {kind!r}"

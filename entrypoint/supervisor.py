@@ -133,6 +133,8 @@ class Supervisor:
         self.stop_signal: int | None = None
         self.all_ready_logged = False
         self.command: subprocess.Popen[bytes] | None = None
+        self.pending: list[str] = []  # enabled, still being prepared (see run)
+        self.failed: list[str] = []  # enabled, but could not be prepared
         self._rfd, wfd = os.pipe()
         os.set_blocking(self._rfd, False)
         os.set_blocking(wfd, False)
@@ -150,10 +152,12 @@ class Supervisor:
             "mode": self.mode,
             "supervisor_pid": os.getpid(),
             "services": {
-                svc.name: {**svc.spec.check,
-                           "pid": svc.proc.pid if svc.proc is not None and svc.alive() else None,
-                           "restarts": svc.restarts, "argv": list(svc.spec.argv)}
-                for svc in self.services
+                **{name: {"check": "pending"} for name in self.pending},
+                **{name: {"check": "failed"} for name in self.failed},
+                **{svc.name: {**svc.spec.check,
+                              "pid": svc.proc.pid if svc.proc is not None and svc.alive() else None,
+                              "restarts": svc.restarts, "argv": list(svc.spec.argv)}
+                   for svc in self.services},
             },
         })
 
@@ -227,17 +231,23 @@ class Supervisor:
             pass
 
     def run(self, command: tuple[list[str], dict[str, str]] | None = None,
-            late: Sequence[Callable[[], services.ServiceSpec]] = ()) -> int:
+            late: Sequence[tuple[str, Callable[[], services.ServiceSpec]]] = ()) -> int:
         """Start the services, then the `late` ones (slow to prepare), then `command`;
         supervise until the command ends or a stop signal comes."""
+        # Late services count as enabled from the start, so the healthcheck stays
+        # unhealthy until they answer too (not healthy on the early ones alone).
+        self.pending = [name for name, _ in late]
         for svc in self.services:
             self._start(svc)
-        for prepare in late:
+        for name, prepare in late:
             try:
                 svc = Service(prepare())
             except (OSError, subprocess.CalledProcessError) as exc:
-                error(f"cannot prepare a service: {exc}")
+                error(f"cannot prepare {name}: {exc}")
+                self.failed.append(name)  # stays in the state: the container reports unhealthy
                 continue
+            finally:
+                self.pending.remove(name)
             self.services.append(svc)
             self._start(svc)
         if command is not None:
@@ -362,7 +372,7 @@ def main(argv: list[str]) -> int:
         error(f"{exc} (see /opt/pt-multi-gpu/entrypoint/README.md)")
         return 2
     late = [] if ssh_keys is None else [
-        lambda: services.prepare_sshd(s, env, user, ssh_keys)]
+        ("sshd", lambda: services.prepare_sshd(s, env, user, ssh_keys))]
 
     if command is not None and not specs and not late:
         # Nothing to supervise: become the command (tini reaps and forwards signals).
