@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import docker
 import docker.errors
@@ -218,11 +218,6 @@ class Engine:
         except docker.errors.BuildError as exc:
             raise EngineError(f"labelling {ref} failed: {exc.msg}") from None
         return str(image.id)
-
-    def save_layers(self, ref: str, dest: IO[bytes]) -> None:
-        """Write `docker save` of an image to a file object (for layer scans)."""
-        for chunk in self.client.images.get(ref).save(named=True):
-            dest.write(chunk)
 
     def info(self) -> dict[str, Any]:
         return dict(self.client.info())

@@ -23,12 +23,14 @@ import tarfile
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from builder.engine import Engine, RunResult
+from builder.log import log
+from builder.waiting import WaitTimeout, wait_until
 
 SMOKE_DIR = "/opt/pt-multi-gpu/smoke_tests"
 DDP_JOB = f"{SMOKE_DIR}/ddp_job.py"
@@ -397,17 +399,6 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _poll(predicate: Callable[[], bool], timeout: float, interval: float = 0.5) -> bool:
-    """True as soon as ``predicate()`` is; False after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
-
-
 # --- runs (through the engine) ---------------------------------------------------
 
 
@@ -554,7 +545,12 @@ def run_multinode(
                 def marker_seen() -> bool:
                     return any(kill.when in engine.logs(c) for c in containers)
 
-                if _poll(marker_seen, min(kill.within_s, timeout)):
+                try:
+                    wait_until(marker_seen, min(kill.within_s, timeout), interval=0.5,
+                               what=f"{kill.when!r} in a node's log")
+                except WaitTimeout as exc:
+                    log.warning("fault injection skipped: %s", exc)
+                else:
                     engine.kill(containers[kill.node])
                     killed = names[kill.node]
             deadline = t0 + timeout

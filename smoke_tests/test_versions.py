@@ -120,14 +120,20 @@ def check_cudnn_runtime(smoke: SmokeConfig, torch: Any) -> None:
         f"cuDNN {found} (torch.backends.cudnn.version()={raw}), expected {want}")
 
 
-def check_cudnn_wheel(smoke: SmokeConfig, torch: Any) -> None:
+def _check_wheel(smoke: SmokeConfig, torch: Any, key: str, dist: str, name: str, elsewhere: str,
+                 min_parts: int = 2) -> None:
+    """The version of the nvidia-* wheel that ships a library equals the expected one."""
     _cuda_build(torch)
-    found = _wheel_version(r"nvidia-cudnn-cu\d+")
+    found = _wheel_version(dist)
     if found is None:
-        pytest.skip("no nvidia-cudnn-cu* wheel: cuDNN comes from elsewhere (checked at runtime)")
-    want = _expect(smoke, "cudnn", found)
-    assert smokelib.prefix_matches(want, found, min_parts=1), (
-        f"nvidia-cudnn wheel {found}, expected {want}")
+        pytest.skip(f"no {name} wheel: {elsewhere} (checked at runtime)")
+    want = _expect(smoke, key, found)
+    assert smokelib.prefix_matches(want, found, min_parts=min_parts), f"{name} wheel {found}, expected {want}"
+
+
+def check_cudnn_wheel(smoke: SmokeConfig, torch: Any) -> None:
+    _check_wheel(smoke, torch, "cudnn", r"nvidia-cudnn-cu\d+", "nvidia-cudnn-cu*", "cuDNN comes from elsewhere",
+                 min_parts=1)
 
 
 def check_nccl_runtime(smoke: SmokeConfig, torch: Any) -> None:
@@ -139,12 +145,7 @@ def check_nccl_runtime(smoke: SmokeConfig, torch: Any) -> None:
 
 
 def check_nccl_wheel(smoke: SmokeConfig, torch: Any) -> None:
-    _cuda_build(torch)
-    found = _wheel_version(r"nvidia-nccl-cu\d+")
-    if found is None:
-        pytest.skip("no nvidia-nccl-cu* wheel: NCCL is linked into torch (checked at runtime)")
-    want = _expect(smoke, "nccl", found)
-    assert smokelib.prefix_matches(want, found), f"nvidia-nccl wheel {found}, expected {want}"
+    _check_wheel(smoke, torch, "nccl", r"nvidia-nccl-cu\d+", "nvidia-nccl-cu*", "NCCL is linked into torch")
 
 
 def check_nccl_available(smoke: SmokeConfig, torch: Any) -> None:
