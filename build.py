@@ -6,7 +6,7 @@ import sys
 if sys.version_info < (3, 10):  # noqa: UP036 - a friendly message on an old interpreter
     sys.exit("build.py needs Python >= 3.10 (found {}.{})".format(*sys.version_info[:2]))
 
-from builder.cli import main
+from builder.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -15,11 +15,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import ptmg_contract as contract
+
 ENTRYPOINT_DIR = Path(__file__).resolve().parent
 PREFIX = "[ptmg]"
-USER = "pt"
-WORKDIR_DEFAULT = "/workspace"
-ROOT_STATE_DIR = Path("/run/pt-multi-gpu")
+USER = contract.USER
+WORKDIR_DEFAULT = contract.WORKDIR
+ROOT_STATE_DIR = Path(contract.STATE_DIR)
 
 
 # --------------------------------------------------------------------- logging
@@ -115,8 +117,8 @@ def load_settings(argv: list[str], env: dict[str, str]) -> Settings:
     ssh = r.choice("SSH", "auto" if serving else "off", {"auto": {"auto"}, "on": _ON, "off": _OFF})
     tensorboard = r.choice("TENSORBOARD", "on" if serving else "off",
                            {"on": _ON, "off": _OFF, "port": {"port"}})
-    jupyter_port = r.port("JUPYTER_PORT", 8888)
-    tb_port = r.port("TENSORBOARD_PORT", 6006)
+    jupyter_port = r.port("JUPYTER_PORT", contract.JUPYTER_PORT)
+    tb_port = r.port("TENSORBOARD_PORT", contract.TENSORBOARD_PORT)
     pt_uid = r.number("PT_UID", None, 1, 2**31 - 2)
     pt_gid = r.number("PT_GID", None, 1, 2**31 - 2)
     diagnostics = r.choice("PTMG_DIAGNOSTICS", "on", onoff)
@@ -135,7 +137,7 @@ def load_settings(argv: list[str], env: dict[str, str]) -> Settings:
         tensorboard_logdir=env.get("TENSORBOARD_LOGDIR") or f"{WORKDIR_DEFAULT}/runs",
         pt_uid=pt_uid,
         pt_gid=pt_gid,
-        ssh_host_key_dir=env.get("SSH_HOST_KEY_DIR") or "/var/lib/pt-multi-gpu/ssh-host-keys",
+        ssh_host_key_dir=env.get("SSH_HOST_KEY_DIR") or contract.SSH_HOST_KEY_DIR,
         diagnostics=diagnostics == "on",
     )
 

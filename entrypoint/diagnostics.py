@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import ptmg_contract as contract
 from common import info, warn
 
 SHM_MIN_BYTES = 1 << 30
@@ -33,11 +34,11 @@ class Gpu:
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
-    parts = []
-    for piece in text.strip().split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+    """Lenient: a driver string that is not a version compares as (0,)."""
+    try:
+        return contract.version_tuple(text)
+    except ValueError:
+        return (0,)
 
 
 def check_shm(path: str = "/dev/shm") -> None:
@@ -89,12 +90,12 @@ def proc_driver_version() -> str | None:
 
 
 def check_driver(driver: str | None, env: dict[str, str]) -> None:
-    need = env.get("PTMG_MIN_DRIVER", "").strip()
+    need = env.get(contract.ENV_MIN_DRIVER, "").strip()
     if not driver:
         return
     if need and version_tuple(driver) < version_tuple(need):
         warn(f"NVIDIA driver {driver} is older than {need}, the minimum for CUDA "
-             f"{env.get('PTMG_CUDA') or '?'} in this image: CUDA calls will fail; upgrade the "
+             f"{env.get(contract.ENV_CUDA) or '?'} in this image: CUDA calls will fail; upgrade the "
              f"host driver to >= {need}, or use an image built for an older CUDA")
     else:
         info(f"NVIDIA driver {driver}" + (f" (image needs >= {need})" if need else ""))
@@ -137,12 +138,12 @@ def run(env: dict[str, str], *, background: Callable[[Callable[[], None]], None]
         python: str, prefix: Sequence[str], child_env: dict[str, str]) -> None:
     """Print the diagnostics. `background(fn)` runs slow torch checks off the hot
     path; None means "no torch checks" (command mode, where we exec at once)."""
-    cell = env.get("PTMG_CELL") or "?"
-    shown = [f"{key[5:].lower()}={env[key]}" for key in
-             ("PTMG_TORCH", "PTMG_CUDA", "PTMG_CUDNN", "PTMG_NCCL", "PTMG_PYTHON") if env.get(key)]
+    cell = env.get(contract.ENV_CELL) or "?"
+    facts = (contract.ENV_TORCH, contract.ENV_CUDA, contract.ENV_CUDNN, contract.ENV_NCCL, contract.ENV_PYTHON)
+    shown = [f"{key[5:].lower()}={env[key]}" for key in facts if env.get(key)]
     info(f"pt-multi-gpu cell {cell}: " + (" ".join(shown) or "no PTMG_* facts in the environment"))
     check_shm()
-    cuda_image = bool(env.get("PTMG_CUDA", "").strip())
+    cuda_image = bool(env.get(contract.ENV_CUDA, "").strip())
     nodes = sorted(glob.glob("/dev/nvidia[0-9]*"))
     exe = shutil.which("nvidia-smi", path=env.get("PATH"))
     gpu_seen = False
@@ -166,7 +167,7 @@ def run(env: dict[str, str], *, background: Callable[[Callable[[], None]], None]
             warn(f"no GPU visible: {GPU_FIX}")
         else:
             info("no GPU visible (this is a CPU-only image)")
-    nccl = env.get("PTMG_NCCL", "").strip()
+    nccl = env.get(contract.ENV_NCCL, "").strip()
     if nccl:
         info(f"NCCL {nccl}")
     need_torch = gpu_seen and (not exe or not nccl)

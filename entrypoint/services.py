@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import ptmg_contract as contract
 from common import ENTRYPOINT_DIR, ConfigError, RunAs, Settings, info, read_secret, warn
 
 # Secrets never reach user processes (kernels, the user's command, SSH sessions).
@@ -33,10 +34,10 @@ _SESSION_OWN = frozenset({"HOME", "USER", "LOGNAME", "SHELL", "PWD", "OLDPWD", "
 SSHD = "/usr/sbin/sshd"
 SSHD_CONFIG = ENTRYPOINT_DIR / "sshd_config"
 JUPYTER_CONFIG = ENTRYPOINT_DIR / "jupyter_server_config.py"
-AUTHORIZED_KEYS_DIR = Path("/run/pt-multi-gpu/ssh/authorized_keys")  # sshd_config names it
-SESSION_ENV = Path("/run/pt-multi-gpu/session-env.sh")  # ssh-session sources it
+AUTHORIZED_KEYS_DIR = Path(contract.STATE_DIR) / "ssh/authorized_keys"  # sshd_config names it
+SESSION_ENV = Path(contract.STATE_DIR) / "session-env.sh"  # ssh-session sources it
 PROFILE_HOOK = Path("/etc/profile.d/pt-multi-gpu.sh")
-SECRET_KEYS_FILE = Path("/run/secrets/ssh_authorized_keys")
+SECRET_KEYS_FILE = Path(contract.SECRETS_DIR) / "ssh_authorized_keys"
 _KEY_LINE = re.compile(r"(^|\s)(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+)\s+[A-Za-z0-9+/=]{20,}")
 _HASH = re.compile(r"^(argon2:\$argon2(id|i|d)\$.+|[a-z0-9]+:[0-9a-f]+:[0-9a-f]+)$")
 

@@ -12,6 +12,14 @@ STOP_GRACE seconds and the container exits 0.
 
 from __future__ import annotations
 
+import os.path
+import sys
+
+# Root runs this file; import only from the image's root-owned folders (this one and the
+# contract's), never from the working directory or the user's environment.
+_HERE = os.path.dirname(os.path.realpath(__file__))
+sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
+
 import contextlib
 import os
 import pwd
@@ -19,7 +27,6 @@ import re
 import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import IO
 
 import diagnostics
+import ptmg_contract as contract
 import services
 from common import (
     WORKDIR_DEFAULT,
@@ -44,7 +52,7 @@ from common import (
 )
 from probes import probe
 
-SELFTEST = Path("/opt/pt-multi-gpu/smoke_tests/selftest")
+SELFTEST = Path(contract.SELFTEST)
 STOP_GRACE = 2.0  # seconds a service gets between SIGTERM and SIGKILL (docker stop <= 3 s)
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # restart delays: 1, 2, 4, ... 30 s
 STABLE_AFTER = 30.0  # a service that ran this long is healthy again: backoff restarts at 1 s
@@ -78,15 +86,15 @@ def _rechown(top: str, old: tuple[int, int], new: tuple[int, int], mounts: set[s
 
 
 def remap_pt(s: Settings) -> None:
-    pw = pwd.getpwnam("pt")
+    pw = pwd.getpwnam(contract.USER)
     old = (pw.pw_uid, pw.pw_gid)
     new = (s.pt_uid or pw.pw_uid, s.pt_gid or pw.pw_gid)
     if new == old:
         return
     # -o: the host's uid/gid may already exist in the image (e.g. gid 100 "users").
     if new[1] != old[1]:
-        subprocess.run(["groupmod", "-o", "-g", str(new[1]), "pt"], check=True)
-    subprocess.run(["usermod", "-o", "-u", str(new[0]), "-g", str(new[1]), "pt"], check=True,
+        subprocess.run(["groupmod", "-o", "-g", str(new[1]), contract.USER], check=True)
+    subprocess.run(["usermod", "-o", "-u", str(new[0]), "-g", str(new[1]), contract.USER], check=True,
                    stdout=subprocess.DEVNULL)
     mounts = _mount_points()
     for top in (pw.pw_dir, WORKDIR_DEFAULT):  # never an arbitrary -w dir such as /
@@ -323,7 +331,7 @@ def main(argv: list[str]) -> int:
     try:
         s = load_settings(argv, env)
     except ConfigError as exc:
-        error(f"{exc} (see /opt/pt-multi-gpu/entrypoint/README.md)")
+        error(f"{exc} (see {contract.ENTRYPOINT_DIR}/README.md)")
         return 2
     root = os.geteuid() == 0
     workdir = os.getcwd()
@@ -347,7 +355,7 @@ def main(argv: list[str]) -> int:
     os.chmod(sdir, 0o755)  # noqa: S103 - the healthcheck (maybe another uid) reads the state
     state_file = sdir / "state.json"
     base_env = user.env(services.child_env(env))
-    python = "/opt/venv/bin/python" if os.path.exists("/opt/venv/bin/python") else sys.executable
+    python = contract.VENV_PYTHON if os.path.exists(contract.VENV_PYTHON) else sys.executable
 
     # Command: what runs in the foreground instead of (or beside) the services.
     command: list[str] | None = None
@@ -369,7 +377,7 @@ def main(argv: list[str]) -> int:
         ) if spec is not None]
         ssh_keys = services.plan_sshd(s, env, user)
     except ConfigError as exc:
-        error(f"{exc} (see /opt/pt-multi-gpu/entrypoint/README.md)")
+        error(f"{exc} (see {contract.ENTRYPOINT_DIR}/README.md)")
         return 2
     late = [] if ssh_keys is None else [
         ("sshd", lambda: services.prepare_sshd(s, env, user, ssh_keys))]

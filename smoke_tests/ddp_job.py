@@ -114,7 +114,7 @@ class Progress:
         where = ", ".join(f"rank {r}: {seen.get(r, 'never reported')}"
                           for r in range(self.world_size))
         if late:
-            return (f"PTMG_DDP stuck rank(s): {', '.join(map(str, late))}, furthest behind "
+            return (f"{smokelib.contract.DDP_STUCK_MARKER}{', '.join(map(str, late))}, furthest behind "
                     f"(seen by rank {self.rank}; {where})")
         return f"PTMG_DDP rank {self.rank}: all ranks at the same point ({where})"
 

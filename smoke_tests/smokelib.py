@@ -17,6 +17,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+try:
+    import ptmg_contract as contract
+except ImportError:  # run from the image's smoke_tests/ folder: the contract sits one level up
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import ptmg_contract as contract
+
 
 class SmokeConfig(NamedTuple):
     """The suite's settings (from selftest's flags), shared by every smoke test."""
@@ -30,17 +36,8 @@ class SmokeConfig(NamedTuple):
 
 # --- expectations ------------------------------------------------------------
 
-#: check name -> (ENV variable, image label). The contract is docs/image-layout.md.
-EXPECT_KEYS: dict[str, tuple[str, str]] = {
-    "torch": ("PTMG_TORCH", "io.pt-multi-gpu.torch"),
-    "torchvision": ("PTMG_TORCHVISION", "io.pt-multi-gpu.torchvision"),
-    "cuda": ("PTMG_CUDA", "io.pt-multi-gpu.cuda"),
-    "cudnn": ("PTMG_CUDNN", "io.pt-multi-gpu.cudnn"),
-    "nccl": ("PTMG_NCCL", "io.pt-multi-gpu.nccl"),
-    "python": ("PTMG_PYTHON", "io.pt-multi-gpu.python"),
-    "cuda-arch-list": ("PTMG_CUDA_ARCH_LIST", "io.pt-multi-gpu.cuda-arch-list"),
-    "min-driver": ("PTMG_MIN_DRIVER", "io.pt-multi-gpu.min-driver"),
-}
+#: check name -> (ENV variable, image label): the image contract (ptmg_contract.py).
+EXPECT_KEYS = contract.EXPECT_KEYS
 
 #: Values of PTMG_CUDA that mean "a CPU-only build of torch".
 CPU_MARKERS = frozenset({"cpu", "none"})
@@ -77,15 +74,7 @@ def _expect_name(key: str) -> str | None:
 
 # --- versions ----------------------------------------------------------------
 
-_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
-
-
-def version_tuple(text: str) -> tuple[int, ...]:
-    """``"2.7.0+cu126"`` -> ``(2, 7, 0)``; ``"9.5.1.17"`` -> ``(9, 5, 1, 17)``."""
-    m = _VERSION_RE.match(text)
-    if not m:
-        raise ValueError(f"not a version: {text!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
+version_tuple = contract.version_tuple
 
 
 def pin_matches(expected: str, actual: str) -> bool:
@@ -197,7 +186,7 @@ def split_arch_list(text: str) -> list[str]:
 
 # --- DDP ---------------------------------------------------------------------
 
-RESULT_MARKER = "PTMG_DDP_RESULT "
+RESULT_MARKER = contract.DDP_RESULT_MARKER
 
 
 def clamp_nproc(requested: int | None, gpus: int, backend: str) -> tuple[int, str]:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 import run_ddp
 import smokelib
 from smokelib import SmokeConfig
@@ -112,5 +113,5 @@ def test_hang_fails_fast_and_names_the_rank(smoke: SmokeConfig) -> None:
     assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{_tail(launch)}"
     assert launch.returncode != 0, "a hung rank went unnoticed"
     assert launch.seconds < 90, f"took {launch.seconds:.0f}s to fail"
-    assert "PTMG_DDP stuck rank(s): 1," in launch.output, (
+    assert f"{smokelib.contract.DDP_STUCK_MARKER}1," in launch.output, (
         f"the stuck rank was not named:\n{_tail(launch)}")

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 import pytest
+
 import smokelib
 from smokelib import SmokeConfig
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+
 import smokelib
 from smokelib import SmokeConfig
 
@@ -132,8 +133,8 @@ def _check_wheel(smoke: SmokeConfig, torch: Any, key: str, dist: str, name: str,
 
 
 def check_cudnn_wheel(smoke: SmokeConfig, torch: Any) -> None:
-    _check_wheel(smoke, torch, "cudnn", r"nvidia-cudnn-cu\d+", "nvidia-cudnn-cu*", "cuDNN comes from elsewhere",
-                 min_parts=1)
+    _check_wheel(smoke, torch, "cudnn", smokelib.contract.CUDNN_DIST_PATTERN, "nvidia-cudnn-cu*",
+                 "cuDNN comes from elsewhere", min_parts=1)
 
 
 def check_nccl_runtime(smoke: SmokeConfig, torch: Any) -> None:
@@ -145,7 +146,8 @@ def check_nccl_runtime(smoke: SmokeConfig, torch: Any) -> None:
 
 
 def check_nccl_wheel(smoke: SmokeConfig, torch: Any) -> None:
-    _check_wheel(smoke, torch, "nccl", r"nvidia-nccl-cu\d+", "nvidia-nccl-cu*", "NCCL is linked into torch")
+    _check_wheel(smoke, torch, "nccl", smokelib.contract.NCCL_DIST_PATTERN, "nvidia-nccl-cu*",
+                 "NCCL is linked into torch")
 
 
 def check_nccl_available(smoke: SmokeConfig, torch: Any) -> None:

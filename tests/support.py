@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from builder.waiting import WaitTimeout, wait_until
+from builder.common.waiting import WaitTimeout, wait_until
 
 __all__ = ["WaitTimeout", "host_port", "wait_until"]
 

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from builder import buildenv, doctor, images, render
+from builder.build import buildenv, inputs, probe
 from builder.engine import to_classic
+from builder.host import doctor
+from builder.render import dockerfile
 from builder.spec import load_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +69,7 @@ def test_secret_files_are_private_and_removed() -> None:
 
 
 def test_to_classic_strips_mounts_and_empties_caches(cell) -> None:  # type: ignore[no-untyped-def]
-    text = to_classic(render.render(cell))
+    text = to_classic(dockerfile.render(cell))
     assert "--mount" not in text
     assert "rm -rf /var/cache/apt/* /var/lib/apt/lists/*" in text
     assert "rm -rf /tmp/*" in text
@@ -81,27 +83,27 @@ def test_inputs_hash_tracks_every_input(cell, tmp_path: Path) -> None:  # type: 
     (tmp_path / "smoke_tests").mkdir()
     f = tmp_path / "entrypoint" / "start.sh"
     f.write_text("echo hi\n")
-    files = images.context_files(tmp_path)
-    h = images.inputs_hash("FROM x", files, "sha256:base", tmp_path)
-    assert h == images.inputs_hash("FROM x", files, "sha256:base", tmp_path)
-    assert h != images.inputs_hash("FROM y", files, "sha256:base", tmp_path)
-    assert h != images.inputs_hash("FROM x", files, "sha256:other", tmp_path)
+    files = inputs.context_files(tmp_path)
+    h = inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
+    assert h == inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
+    assert h != inputs.inputs_hash("FROM y", files, "sha256:base", tmp_path)
+    assert h != inputs.inputs_hash("FROM x", files, "sha256:other", tmp_path)
     f.write_text("echo bye\n")
-    assert h != images.inputs_hash("FROM x", files, "sha256:base", tmp_path)
+    assert h != inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
     f.write_text("echo hi\n")
     os.chmod(f, 0o755)
-    assert h != images.inputs_hash("FROM x", files, "sha256:base", tmp_path)
+    assert h != inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
     (tmp_path / "smoke_tests" / "__pycache__").mkdir()
     (tmp_path / "smoke_tests" / "__pycache__" / "x.pyc").write_bytes(b"junk")
-    assert images.context_files(tmp_path) == files
+    assert inputs.context_files(tmp_path) == files
 
 
 def test_check_probe(cell) -> None:  # type: ignore[no-untyped-def]
     good = {"torch": "2.7.0", "torchvision": "0.22.0", "cuda": "12.6", "cudnn": "9.5.1.17", "nccl": "2.26.2",
             "python": "3.11"}
-    assert images.check_probe(cell, good) == []
+    assert probe.check_probe(cell, good) == []
     bad = {**good, "torchvision": "0.21.0"}
-    (msg,) = images.check_probe(cell, bad)
+    (msg,) = probe.check_probe(cell, bad)
     assert "torchvision" in msg and "0.21.0" in msg
 
 

@@ -11,14 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from builder.compat import (
-    DATA_FILE,
-    Compat,
-    CompatDataError,
-    CudaVariant,
-    TorchRelease,
-    load_compat,
-)
+from builder.spec.compat import DATA_FILE, Compat, CompatDataError, CudaVariant, TorchRelease
+from builder.spec.compat_load import load_compat
 
 ALL_RELEASES = [
     "2.0.0", "2.0.1",
@@ -385,7 +379,7 @@ def test_duplicate_key_in_text(tmp_path: Path) -> None:
     path.write_text(text.rstrip("\n") + "\n" + dup, encoding="utf-8")
     n_lines = len(text.rstrip("\n").splitlines())
     msg = _errors(path)
-    assert f"compat.yaml:{n_lines + 1}: duplicate key '2.15.0'" in msg
+    assert f"compat.yaml:{n_lines + 1}:3: duplicate key '2.15.0'" in msg
 
 
 def test_merge_override_is_not_a_duplicate() -> None:
@@ -399,9 +393,9 @@ def test_merge_override_is_not_a_duplicate() -> None:
 def test_malformed_yaml_and_missing_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("releases: [unclosed\n", encoding="utf-8")
-    with pytest.raises(CompatDataError, match="not valid YAML"):
+    with pytest.raises(CompatDataError, match="malformed YAML"):
         load_compat(bad)
-    with pytest.raises(CompatDataError, match="cannot read"):
+    with pytest.raises(CompatDataError, match="file not found"):
         load_compat(tmp_path / "missing.yaml")
 
 

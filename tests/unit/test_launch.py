@@ -33,9 +33,10 @@ from typing import Any
 import pytest
 import yaml
 
-from builder import cli, launch
-from builder.launch import ImagePin, LaunchConfig, LaunchError
-from builder.smoke import DDP_JOB
+import builder.cli.main as cli
+import ptmg_contract as contract
+from builder import launch
+from builder.launch import ImagePin, LaunchConfig, LaunchError, config, kubernetes, slurm
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL = "2.7.0-cuda12.6-cudnn9-runtime"
@@ -134,18 +135,18 @@ def test_the_strict_checker_rejects_what_it_should() -> None:
 def test_pin_prefers_a_digest_of_the_same_repository() -> None:
     attrs = {"Id": "sha256:1111", "RepoDigests": [f"zz.io/other@{DIGEST}",
                                                   f"registry.example:5000/pt-multi-gpu@{'sha256:' + 'cd' * 32}"]}
-    pin = launch.pin_image("registry.example:5000/pt-multi-gpu:2.7.0", attrs)
+    pin = config.pin_image("registry.example:5000/pt-multi-gpu:2.7.0", attrs)
     assert pin.ref == f"registry.example:5000/pt-multi-gpu@sha256:{'cd' * 32}"
     assert pin.pinned and pin.digest == "sha256:" + "cd" * 32 and pin.image_id == "sha256:1111"
     assert "pinned by digest" in pin.note
 
 
 def test_pin_falls_back_to_another_repository_then_to_the_tag() -> None:
-    pin = launch.pin_image("pt-multi-gpu:x", {"Id": "sha256:1", "RepoDigests": [f"b.io/p@{DIGEST}", f"a.io/p@{DIGEST}"]})
+    pin = config.pin_image("pt-multi-gpu:x", {"Id": "sha256:1", "RepoDigests": [f"b.io/p@{DIGEST}", f"a.io/p@{DIGEST}"]})
     assert pin.ref == f"a.io/p@{DIGEST}"
-    local = launch.pin_image("pt-multi-gpu:x", {"Id": "sha256:1", "RepoDigests": []})
+    local = config.pin_image("pt-multi-gpu:x", {"Id": "sha256:1", "RepoDigests": []})
     assert local.ref == "pt-multi-gpu:x" and not local.pinned and "local image id sha256:1" in local.note
-    absent = launch.pin_image("pt-multi-gpu:x", None)
+    absent = config.pin_image("pt-multi-gpu:x", None)
     assert absent.ref == "pt-multi-gpu:x" and absent.image_id is None and "not found locally" in absent.note
 
 
@@ -158,7 +159,7 @@ def test_pin_falls_back_to_another_repository_then_to_the_tag() -> None:
     ("library/ubuntu:22.04", "library/ubuntu:22.04"),
 ])
 def test_pyxis_spells_the_registry_with_a_hash(ref: str, want: str) -> None:
-    assert launch.pyxis_image(ref) == want
+    assert config.pyxis_image(ref) == want
 
 
 # --- configuration checks ---------------------------------------------------------------------------
@@ -181,7 +182,7 @@ def test_bad_flags_are_refused(kw: dict[str, Any], match: str) -> None:
 
 
 def test_rendering_is_deterministic() -> None:
-    for target in launch.TARGETS:
+    for target in config.TARGETS:
         assert launch.render(target, cfg()) == launch.render(target, cfg())
 
 
@@ -216,7 +217,7 @@ def _check_pod(pod: Mapping[str, Any], c: LaunchConfig) -> dict[str, Any]:
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_pytorchjob_matches_the_operator_models(nodes: int) -> None:
     c = cfg(nodes=nodes, gpus_per_node=8, nproc_per_node=8)
-    doc = yaml.safe_load(launch.render_pytorchjob(c))
+    doc = yaml.safe_load(kubernetes.render_pytorchjob(c))
     job = assert_valid(doc, "KubeflowOrgV1PyTorchJob")
     assert doc["apiVersion"] == "kubeflow.org/v1" and doc["kind"] == "PyTorchJob"
     assert job.spec.nproc_per_node == "8"
@@ -237,17 +238,17 @@ def test_pytorchjob_matches_the_operator_models(nodes: int) -> None:
         assert args[args.index("--rdzv_endpoint") + 1] == "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)"
         assert main["ports"] == [{"name": "pytorchjob-port", "containerPort": 29400, "protocol": "TCP"}]
         assert args[args.index("--max_restarts") + 1] == "0"
-        assert DDP_JOB in args
+        assert contract.DDP_JOB in args
     assert doc["spec"]["runPolicy"]["backoffLimit"] == 0
 
 
 def test_pytorchjob_runs_the_users_command_and_the_selftest_first() -> None:
     c = cfg(command=("/workspace/train.py", "--epochs", "3"), selftest_init=True, namespace="ml")
-    doc = yaml.safe_load(launch.render_pytorchjob(c))
+    doc = yaml.safe_load(kubernetes.render_pytorchjob(c))
     assert_valid(doc, "KubeflowOrgV1PyTorchJob")
     pod = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     assert _main_container(pod)["args"][-3:] == ["/workspace/train.py", "--epochs", "3"]
-    assert DDP_JOB not in _main_container(pod)["args"]
+    assert contract.DDP_JOB not in _main_container(pod)["args"]
     (init,) = pod["spec"]["initContainers"]
     assert init["args"] == ["selftest", "--nproc", "4", "--require-gpu"]
     assert init["resources"]["limits"] == {"nvidia.com/gpu": 4}
@@ -256,7 +257,7 @@ def test_pytorchjob_runs_the_users_command_and_the_selftest_first() -> None:
 
 def test_cpu_jobs_ask_for_no_gpu() -> None:
     c = cfg(gpus_per_node=0, nproc_per_node=2, selftest_init=True)
-    doc = yaml.safe_load(launch.render_pytorchjob(c))
+    doc = yaml.safe_load(kubernetes.render_pytorchjob(c))
     pod = doc["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
     _check_pod(pod, c)
     assert pod["spec"]["initContainers"][0]["args"] == ["selftest", "--nproc", "2"]
@@ -311,7 +312,7 @@ def test_the_jobset_check_can_fail() -> None:
 @pytest.mark.parametrize("nodes", [1, 4])
 def test_jobset_and_its_headless_service(nodes: int) -> None:
     c = cfg(nodes=nodes, name="llm-ddp")
-    service, js = yaml.safe_load_all(launch.render_jobset(c))
+    service, js = yaml.safe_load_all(kubernetes.render_jobset(c))
     assert_valid(service, "V1Service")
     assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
     assert service["spec"]["selector"] == {"jobset.sigs.k8s.io/jobset-name": "llm-ddp"}
@@ -335,7 +336,7 @@ def test_jobset_and_its_headless_service(nodes: int) -> None:
 
 def test_yaml_has_no_anchors_and_says_what_image() -> None:
     pinned = ImagePin(ref=f"r.io/pt-multi-gpu@{DIGEST}", tag_ref="r.io/pt-multi-gpu:x", digest=DIGEST, image_id="sha256:9")
-    text = launch.render_jobset(cfg(image=pinned, selftest_init=True))
+    text = kubernetes.render_jobset(cfg(image=pinned, selftest_init=True))
     assert "&id" not in text and "*id" not in text
     assert f"pinned by digest {DIGEST}" in text.splitlines()[1]
     assert text.count(f"image: r.io/pt-multi-gpu@{DIGEST}") == 2  # the main container and the selftest
@@ -406,11 +407,11 @@ def run_sbatch(script: str, bindir: Path, tmp: Path, nodes: int, **env: str) -> 
     return r.returncode, log.read_text().splitlines() if log.exists() else [], r.stderr
 
 
-@pytest.mark.parametrize("launcher", launch.LAUNCHERS)
+@pytest.mark.parametrize("launcher", config.LAUNCHERS)
 def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
         launcher: str, fake_bin: Path, tmp_path: Path) -> None:
     c = cfg(nodes=2, launcher=launcher, mounts=("/scratch/data:/data:ro",), env=(("MY_FLAG", "a b'c"),))
-    script = launch.render_slurm(c)
+    script = slurm.render_slurm(c)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
     rc, lines, stderr = run_sbatch(script, fake_bin, tmp_path, nodes=2)
     assert rc == 0, stderr
@@ -419,7 +420,7 @@ def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
     for r in runs:
         assert "--rdzv_endpoint gpu-a01:29400 --rdzv_id 4242" in r
         assert "--nnodes 2 --nproc_per_node 4" in r
-        assert f"{DDP_JOB} --out" in r
+        assert f"{contract.DDP_JOB} --out" in r
     srun = next(ln for ln in lines if ln.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun
     if launcher == "pyxis":
@@ -443,30 +444,30 @@ def test_slurm_docker_passes_slurms_gpus_and_the_env(fake_bin: Path, tmp_path: P
     c = cfg(nodes=1, launcher="docker", env=(("MY_FLAG", "a b'c"),))
     (fake_bin / "torchrun").write_text('#!/bin/bash\necho "torchrun node=$NODE_RANK flag=$MY_FLAG '
                                        'nccl=$NCCL_DEBUG" >> "$FAKE_LOG"\n')
-    rc, lines, stderr = run_sbatch(launch.render_slurm(c), fake_bin, tmp_path, nodes=1, SLURM_JOB_GPUS="2,3")
+    rc, lines, stderr = run_sbatch(slurm.render_slurm(c), fake_bin, tmp_path, nodes=1, SLURM_JOB_GPUS="2,3")
     assert rc == 0, stderr
     assert any('--gpus "device=2,3"' in ln for ln in lines), lines
     assert "torchrun node=0 flag=a b'c nccl=WARN" in lines
 
 
-@pytest.mark.parametrize("launcher", launch.LAUNCHERS)
+@pytest.mark.parametrize("launcher", config.LAUNCHERS)
 def test_slurm_script_fails_when_a_node_fails(launcher: str, fake_bin: Path, tmp_path: Path) -> None:
-    rc, lines, _ = run_sbatch(launch.render_slurm(cfg(nodes=2, launcher=launcher)), fake_bin, tmp_path,
+    rc, lines, _ = run_sbatch(slurm.render_slurm(cfg(nodes=2, launcher=launcher)), fake_bin, tmp_path,
                               nodes=2, FAKE_FAIL_NODE="1")
     assert rc != 0
     assert sum(ln.startswith("torchrun ") for ln in lines) == 2
 
 
 def test_slurm_header() -> None:
-    text = launch.render_slurm(cfg(nodes=3, gpus_per_node=8, nproc_per_node=8, partition="gpu", account="ml",
+    text = slurm.render_slurm(cfg(nodes=3, gpus_per_node=8, nproc_per_node=8, partition="gpu", account="ml",
                                    time_limit="02:00:00"))
     sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=ptmg-ddp", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1",
                       "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
                       "#SBATCH --account=ml", "#SBATCH --output=ptmg-ddp-%j.out"]
-    cpu = launch.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="docker"))
+    cpu = slurm.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="docker"))
     assert "--gpus" not in cpu
-    apptainer = launch.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="apptainer"))
+    apptainer = slurm.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="apptainer"))
     assert re.search(r"^ +apptainer exec \\$", apptainer, re.M), "no --nv without GPUs"
 
 

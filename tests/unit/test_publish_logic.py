@@ -15,10 +15,11 @@ import pytest
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from builder import publish as pub
-from builder import records
 from builder.engine import EngineError
-from builder.spec import Matrix, load_matrix
+from builder.publish import address, client, credentials, faults, policy, publisher, push
+from builder.publish import report as publish_report
+from builder.smoke import passes
+from builder.spec import Matrix, load_matrix, tags
 
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "s3cr3t-Pa55word-xyz"
@@ -36,7 +37,7 @@ PASSWORD = "s3cr3t-Pa55word-xyz"
     ("[::1]:5000", "[::1]:5000/pt-multi-gpu", "http://[::1]:5000", "pt-multi-gpu"),
 ])
 def test_parse_registry(text: str, repo: str, api: str, path: str) -> None:
-    r = pub.parse_registry(text)
+    r = address.parse_registry(text)
     assert r.repository("pt-multi-gpu") == repo
     assert r.api_base == api
     assert r.api_path("pt-multi-gpu") == path
@@ -51,12 +52,12 @@ def test_parse_registry(text: str, repo: str, api: str, path: str) -> None:
     ("bad_host!:5000", "not a host"),
 ])
 def test_parse_registry_rejects(text: str, why: str) -> None:
-    with pytest.raises(pub.PublishInputError, match=why):
-        pub.parse_registry(text)
+    with pytest.raises(address.PublishInputError, match=why):
+        address.parse_registry(text)
 
 
 # --- credentials ------------------------------------------------------------------------
-REG = pub.parse_registry("registry.example.com:5000/ns")
+REG = address.parse_registry("registry.example.com:5000/ns")
 
 
 def _config(tmp_path: Path, data: dict[str, Any]) -> dict[str, str]:
@@ -65,11 +66,11 @@ def _config(tmp_path: Path, data: dict[str, Any]) -> dict[str, str]:
 
 
 def test_env_credentials_and_password_file(tmp_path: Path) -> None:
-    c = pub.load_credentials(REG, {"PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD": PASSWORD})
+    c = credentials.load_credentials(REG, {"PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD": PASSWORD})
     assert c is not None and c.username == "ci" and c.password.reveal() == PASSWORD
     f = tmp_path / "token"
     f.write_text(PASSWORD + "\n")
-    c = pub.load_credentials(REG, {"PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD_FILE": str(f)})
+    c = credentials.load_credentials(REG, {"PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD_FILE": str(f)})
     assert c is not None and c.password.reveal() == PASSWORD
     assert c.auth_config(REG) == {"username": "ci", "password": PASSWORD, "serveraddress": REG.host}
     assert PASSWORD not in c.source and PASSWORD not in repr(c) and PASSWORD not in str(c.password)
@@ -83,25 +84,25 @@ def test_env_credentials_and_password_file(tmp_path: Path) -> None:
     ({"PTMG_REGISTRY_USER": "u", "PTMG_REGISTRY_PASSWORD_FILE": "/nonexistent/pw"}, "can't read it"),
 ])
 def test_env_credentials_misconfigured(env: dict[str, str], why: str) -> None:
-    with pytest.raises(pub.CredentialsError, match=why):
-        pub.load_credentials(REG, env)
+    with pytest.raises(credentials.CredentialsError, match=why):
+        credentials.load_credentials(REG, env)
 
 
 def test_docker_config_auths(tmp_path: Path) -> None:
     auth = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
     env = _config(tmp_path, {"auths": {"https://registry.example.com:5000": {"auth": auth},
                                        "other.io": {"auth": base64.b64encode(b"x:y").decode()}}})
-    c = pub.load_credentials(REG, env)
+    c = credentials.load_credentials(REG, env)
     assert c is not None and (c.username, c.password.reveal()) == ("bob", PASSWORD)
-    assert pub.load_credentials(pub.parse_registry("third.io"), env) is None
+    assert credentials.load_credentials(address.parse_registry("third.io"), env) is None
     env = _config(tmp_path, {"auths": {"registry.example.com:5000": {"username": "al", "password": "pw"}}})
-    c = pub.load_credentials(REG, env)
+    c = credentials.load_credentials(REG, env)
     assert c is not None and (c.username, c.password.reveal()) == ("al", "pw")
 
 
 def test_env_wins_over_docker_config(tmp_path: Path) -> None:
     env = _config(tmp_path, {"auths": {"registry.example.com:5000": {"username": "al", "password": "pw"}}})
-    c = pub.load_credentials(REG, {**env, "PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD": PASSWORD})
+    c = credentials.load_credentials(REG, {**env, "PTMG_REGISTRY_USER": "ci", "PTMG_REGISTRY_PASSWORD": PASSWORD})
     assert c is not None and c.username == "ci"
 
 
@@ -112,39 +113,39 @@ def test_docker_config_helpers_and_tokens(tmp_path: Path) -> None:
         calls.append((name, server))
         return ("hub-user", PASSWORD) if server == "https://index.docker.io/v1/" else None
 
-    hub = pub.parse_registry("docker.io/me")
+    hub = address.parse_registry("docker.io/me")
     env = _config(tmp_path, {"credsStore": "desktop"})
-    c = pub.load_credentials(hub, env, helper=helper)
+    c = credentials.load_credentials(hub, env, helper=helper)
     assert c is not None and c.username == "hub-user" and c.source == "docker-credential-desktop"
     env = _config(tmp_path, {"credHelpers": {"registry.example.com:5000": "ecr-login"}, "credsStore": "desktop"})
     calls.clear()
-    assert pub.load_credentials(REG, env, helper=helper) is None
+    assert credentials.load_credentials(REG, env, helper=helper) is None
     assert calls == [("ecr-login", "registry.example.com:5000")]
     env = _config(tmp_path, {"auths": {"registry.example.com:5000": {"identitytoken": "tok"}}})
-    with pytest.raises(pub.CredentialsError, match="identity token"):
-        pub.load_credentials(REG, env)
+    with pytest.raises(credentials.CredentialsError, match="identity token"):
+        credentials.load_credentials(REG, env)
     env = _config(tmp_path, {"auths": {"registry.example.com:5000": {"auth": "not-base64!"}}})
-    with pytest.raises(pub.CredentialsError, match="not base64"):
-        pub.load_credentials(REG, env)
+    with pytest.raises(credentials.CredentialsError, match="not base64"):
+        credentials.load_credentials(REG, env)
 
 
 def test_no_docker_config_is_anonymous(tmp_path: Path) -> None:
-    assert pub.load_credentials(REG, {"DOCKER_CONFIG": str(tmp_path / "none")}) is None
+    assert credentials.load_credentials(REG, {"DOCKER_CONFIG": str(tmp_path / "none")}) is None
 
 
 def test_redact() -> None:
-    c = pub.Credentials("bob", pub.Secret(PASSWORD), "test")
+    c = credentials.Credentials("bob", credentials.Secret(PASSWORD), "test")
     basic = base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
     text = f"error: auth {PASSWORD} failed; header Basic {basic}; again {PASSWORD}"
-    out = pub.redact(text, c.secrets())
+    out = credentials.redact(text, c.secrets())
     assert PASSWORD not in out and basic not in out
     assert out == "error: auth *** failed; header Basic ***; again ***"
-    assert pub.redact("nothing here", ()) == "nothing here"
+    assert credentials.redact("nothing here", ()) == "nothing here"
 
 
 # --- classification -----------------------------------------------------------------------
 def _manifest(config: str = "sha256:" + "c" * 64, sizes: tuple[int, ...] = (100, 250)) -> bytes:
-    return json.dumps({"schemaVersion": 2, "mediaType": pub.MANIFEST_V2,
+    return json.dumps({"schemaVersion": 2, "mediaType": client.MANIFEST_V2,
                        "config": {"mediaType": "application/vnd.docker.container.image.v1+json", "size": 1,
                                   "digest": config},
                        "layers": [{"size": s, "digest": f"sha256:{i:064x}"} for i, s in enumerate(sizes)]}).encode()
@@ -160,15 +161,15 @@ def _err(code: str, msg: str = "") -> bytes:
 
 def test_manifest_present() -> None:
     body = _manifest()
-    r = pub.manifest_remote(200, {"Docker-Content-Digest": _digest(body)}, body, "GET")
+    r = client.manifest_remote(200, {"Docker-Content-Digest": _digest(body)}, body, "GET")
     assert (r.digest, r.config_digest, r.compressed_size, r.fault) == (_digest(body), "sha256:" + "c" * 64, 350, None)
-    r = pub.manifest_remote(200, {"Docker-Content-Digest": "sha256:" + "0" * 64}, body, "GET")
+    r = client.manifest_remote(200, {"Docker-Content-Digest": "sha256:" + "0" * 64}, body, "GET")
     assert r.fault is not None and r.fault.kind == "protocol" and not r.present
 
 
 @pytest.mark.parametrize("code", ["MANIFEST_UNKNOWN", "NAME_UNKNOWN"])
 def test_only_registry_404s_mean_absent(code: str) -> None:
-    r = pub.manifest_remote(404, {}, _err(code, "unknown"), "GET")
+    r = client.manifest_remote(404, {}, _err(code, "unknown"), "GET")
     assert not r.present and r.fault is None
 
 
@@ -183,20 +184,20 @@ def test_only_registry_404s_mean_absent(code: str) -> None:
     (400, _err("MANIFEST_INVALID"), "protocol", False),
 ])
 def test_manifest_faults(status: int, body: bytes, kind: str, transient: bool) -> None:
-    r = pub.manifest_remote(status, {}, body, "GET x")
+    r = client.manifest_remote(status, {}, body, "GET x")
     assert r.fault is not None and (r.fault.kind, r.fault.transient) == (kind, transient)
-    assert pub.decide("immutable", r, "sha256:x")[0] == "fail"  # never falls through to a push
+    assert push.decide("immutable", r, "sha256:x")[0] == "fail"  # never falls through to a push
 
 
 def test_exception_faults() -> None:
-    assert pub.exception_fault(requests.exceptions.ConnectionError("refused"), "GET").transient
+    assert faults.exception_fault(requests.exceptions.ConnectionError("refused"), "GET").transient
     nested = requests.exceptions.ConnectionError(
         "HTTPConnectionPool(host='127.0.0.1', port=5999): Max retries exceeded with url: /v2/x/manifests/t "
         "(Caused by NewConnectionError(\"HTTPConnection(host='127.0.0.1', port=5999): Failed to establish a new "
         "connection: [Errno 111] Connection refused\"))")
-    assert pub.exception_fault(nested, "GET t").message == "GET t: ConnectionError: [Errno 111] Connection refused"
-    assert pub.exception_fault(requests.exceptions.ReadTimeout("slow"), "GET").transient
-    tls = pub.exception_fault(requests.exceptions.SSLError("bad cert"), "GET")
+    assert faults.exception_fault(nested, "GET t").message == "GET t: ConnectionError: [Errno 111] Connection refused"
+    assert faults.exception_fault(requests.exceptions.ReadTimeout("slow"), "GET").transient
+    tls = faults.exception_fault(requests.exceptions.SSLError("bad cert"), "GET")
     assert (tls.kind, tls.transient) == ("tls", False)
 
 
@@ -216,24 +217,24 @@ def test_exception_faults() -> None:
     ("something nobody has seen", "engine", False),
 ])
 def test_push_fault(text: str, kind: str, transient: bool) -> None:
-    f = pub.push_fault(text)
+    f = faults.push_fault(text)
     assert (f.kind, f.transient) == (kind, transient)
 
 
 def test_backoff_exponential_capped_jittered() -> None:
-    pol = pub.RetryPolicy(attempts=6, base=1.0, factor=2.0, cap=5.0)
-    lows = [pub.backoff(pol, n, rng=lambda: 0.0) for n in range(1, 6)]
-    highs = [pub.backoff(pol, n, rng=lambda: 1.0) for n in range(1, 6)]
+    pol = faults.RetryPolicy(attempts=6, base=1.0, factor=2.0, cap=5.0)
+    lows = [faults.backoff(pol, n, rng=lambda: 0.0) for n in range(1, 6)]
+    highs = [faults.backoff(pol, n, rng=lambda: 1.0) for n in range(1, 6)]
     assert lows == [0.5, 1.0, 2.0, 2.5, 2.5]
     assert highs == [1.0, 2.0, 4.0, 5.0, 5.0]
 
 
 def test_parse_challenge() -> None:
-    s, p = pub.parse_challenge('Bearer realm="https://auth.example/token",service="reg.example",'
+    s, p = client.parse_challenge('Bearer realm="https://auth.example/token",service="reg.example",'
                                'scope="repository:ns/x:pull"')
     assert s == "bearer" and p == {"realm": "https://auth.example/token", "service": "reg.example",
                                    "scope": "repository:ns/x:pull"}
-    assert pub.parse_challenge('Basic realm="Registry Realm"') == ("basic", {"realm": "Registry Realm"})
+    assert client.parse_challenge('Basic realm="Registry Realm"') == ("basic", {"realm": "Registry Realm"})
 
 
 # --- decisions --------------------------------------------------------------------------
@@ -242,36 +243,36 @@ OTHER = "sha256:" + "b" * 64
 
 
 def test_decide() -> None:
-    same = pub.Remote("sha256:d1", IMG, pub.MANIFEST_V2, 10)
-    other = pub.Remote("sha256:d2", OTHER, pub.MANIFEST_V2, 10)
-    index = pub.Remote("sha256:d3", None, pub.OCI_INDEX)
-    assert pub.decide("immutable", pub.Remote(), IMG)[0] == "push"
-    assert pub.decide("immutable", same, IMG)[0] == "unchanged"
-    action, why = pub.decide("immutable", other, IMG)
+    same = client.Remote("sha256:d1", IMG, client.MANIFEST_V2, 10)
+    other = client.Remote("sha256:d2", OTHER, client.MANIFEST_V2, 10)
+    index = client.Remote("sha256:d3", None, client.OCI_INDEX)
+    assert push.decide("immutable", client.Remote(), IMG)[0] == "push"
+    assert push.decide("immutable", same, IMG)[0] == "unchanged"
+    action, why = push.decide("immutable", other, IMG)
     assert action == "refuse" and "never overwritten" in why and "sha256:d2" in why and IMG in why
-    assert pub.decide("immutable", index, IMG)[0] == "refuse"  # a multi-arch index is not ours either
-    assert pub.decide("floating", other, IMG) == ("push", "moves from sha256:d2")
-    assert pub.decide("floating", same, IMG)[0] == "unchanged"
+    assert push.decide("immutable", index, IMG)[0] == "refuse"  # a multi-arch index is not ours either
+    assert push.decide("floating", other, IMG) == ("push", "moves from sha256:d2")
+    assert push.decide("floating", same, IMG)[0] == "unchanged"
 
 
-def _cell_report(name: str, statuses: tuple[str, ...], smoke: str = "passed", error: str = "") -> pub.CellReport:
-    return pub.CellReport(name, f"r:{name}", IMG, smoke={"status": smoke}, error=error,
-                          tags=[pub.TagResult(f"{name}-{i}", "x", "immutable", s) for i, s in enumerate(statuses)])
+def _cell_report(name: str, statuses: tuple[str, ...], smoke: str = "passed", error: str = "") -> publish_report.CellReport:
+    return publish_report.CellReport(name, f"r:{name}", IMG, smoke={"status": smoke}, error=error,
+                          tags=[publish_report.TagResult(f"{name}-{i}", "x", "immutable", s) for i, s in enumerate(statuses)])
 
 
 def test_floating_gate() -> None:
     good = _cell_report("a", ("pushed", "unchanged"))
-    assert pub.floating_gate([good, _cell_report("b", ("unchanged", "unchanged"))], False) == (True, [])
-    is_open, why = pub.floating_gate([good, _cell_report("b", ("pushed", "failed"))], False)
+    assert policy.floating_gate([good, _cell_report("b", ("unchanged", "unchanged"))], False) == (True, [])
+    is_open, why = policy.floating_gate([good, _cell_report("b", ("pushed", "failed"))], False)
     assert not is_open and why == ["b: immutable tags not published (b-1 failed)"]
-    is_open, why = pub.floating_gate([good, _cell_report("b", ("refused", "held"))], True)
+    is_open, why = policy.floating_gate([good, _cell_report("b", ("refused", "held"))], True)
     assert not is_open and "b-0 refused" in why[0]
     untested = _cell_report("b", ("pushed", "pushed"), smoke="missing")
-    is_open, why = pub.floating_gate([good, untested], False)
+    is_open, why = policy.floating_gate([good, untested], False)
     assert not is_open and "no smoke-test pass recorded" in why[0] and "build.py test --only b" in why[0]
-    assert pub.floating_gate([good, untested], True) == (True, [])
-    assert not pub.floating_gate([_cell_report("c", (), error="not built")], True)[0]
-    assert not pub.floating_gate([], False)[0]
+    assert policy.floating_gate([good, untested], True) == (True, [])
+    assert not policy.floating_gate([_cell_report("c", (), error="not built")], True)[0]
+    assert not policy.floating_gate([], False)[0]
 
 
 # --- the push stream ------------------------------------------------------------------------
@@ -294,7 +295,7 @@ STREAM: list[dict[str, Any]] = [
 
 
 def test_push_tracker() -> None:
-    t = pub.PushTracker()
+    t = push.PushTracker()
     for ev in STREAM:
         t.feed(ev)
     assert t.uploaded == ["d3eded9260c5", "0cf8aeda6a98"]
@@ -329,14 +330,14 @@ class FakeSession:
 
 BODY = _manifest(IMG)
 OK = FakeResponse(200, BODY, {"Docker-Content-Digest": _digest(BODY)})
-CREDS = pub.Credentials("bob", pub.Secret(PASSWORD), "test")
+CREDS = credentials.Credentials("bob", credentials.Secret(PASSWORD), "test")
 BASIC = "Basic " + base64.b64encode(f"bob:{PASSWORD}".encode()).decode()
 
 
-def _client(answer: Callable[..., FakeResponse], creds: pub.Credentials | None = CREDS,
-            registry: str = "127.0.0.1:5000/ns") -> tuple[pub.RegistryClient, FakeSession]:
+def _client(answer: Callable[..., FakeResponse], creds: credentials.Credentials | None = CREDS,
+            registry: str = "127.0.0.1:5000/ns") -> tuple[client.RegistryClient, FakeSession]:
     s = FakeSession(answer)
-    return pub.RegistryClient(pub.parse_registry(registry), "pt", creds, session=s, verify=True), s  # type: ignore[arg-type]
+    return client.RegistryClient(address.parse_registry(registry), "pt", creds, session=s, verify=True), s  # type: ignore[arg-type]
 
 
 def test_client_basic_challenge() -> None:
@@ -349,7 +350,7 @@ def test_client_basic_challenge() -> None:
     r = c.manifest("t1")
     assert r.config_digest == IMG and r.fault is None
     assert [u for u, _ in s.calls] == ["http://127.0.0.1:5000/v2/ns/pt/manifests/t1"] * 2
-    assert s.calls[0][1]["Accept"].startswith(pub.MANIFEST_V2) and pub.OCI_MANIFEST in s.calls[0][1]["Accept"]
+    assert s.calls[0][1]["Accept"].startswith(client.MANIFEST_V2) and client.OCI_MANIFEST in s.calls[0][1]["Accept"]
     assert s.trust_env is False  # loopback: no proxy in between
     c.manifest("t2")  # the header is kept: one request, no second challenge
     assert len(s.calls) == 3
@@ -399,20 +400,20 @@ class FakeRegistry:
 
     def __init__(self) -> None:
         self.tags: dict[str, tuple[str, str]] = {}
-        self.faults: dict[str, list[pub.Fault]] = {}
+        self.faults: dict[str, list[faults.Fault]] = {}
         self.reads: list[str] = []
         self.blobs: set[str] = set()
         self.lie: dict[str, str] = {}  # tag -> digest to answer instead of the truth
 
-    def manifest(self, reference: str) -> pub.Remote:
+    def manifest(self, reference: str) -> client.Remote:
         self.reads.append(reference)
         queue = self.faults.get(reference)
         if queue:
-            return pub.Remote(fault=queue.pop(0))
+            return client.Remote(fault=queue.pop(0))
         if reference not in self.tags:
-            return pub.Remote()
+            return client.Remote()
         digest, image_id = self.tags[reference]
-        return pub.Remote(self.lie.get(reference, digest), image_id, pub.MANIFEST_V2, 1234)
+        return client.Remote(self.lie.get(reference, digest), image_id, client.MANIFEST_V2, 1234)
 
 
 def manifest_digest(image_id: str) -> str:
@@ -478,7 +479,7 @@ def matrix() -> Matrix:
 
 class World:
     def __init__(self, matrix: Matrix, *, tested: tuple[str, ...] = (IMG_A, IMG_B), allow_untested: bool = False,
-                 attempts: int = 4, creds: pub.Credentials | None = None) -> None:
+                 attempts: int = 4, creds: credentials.Credentials | None = None) -> None:
         self.matrix = matrix
         self.registry = FakeRegistry()
         self.engine = FakeEngine(self.registry)
@@ -486,20 +487,20 @@ class World:
         self.engine.add(f"pt-multi-gpu:{B}", IMG_B, B, layers=("l1", "l3"))
         self.tested = set(tested)
         self.sleeps: list[float] = []
-        self.cfg = pub.PublishConfig(pub.parse_registry("127.0.0.1:5000/ns"), allow_untested=allow_untested,
-                                     retry=pub.RetryPolicy(attempts=attempts))
+        self.cfg = publisher.PublishConfig(address.parse_registry("127.0.0.1:5000/ns"), allow_untested=allow_untested,
+                                     retry=faults.RetryPolicy(attempts=attempts))
         self.creds = creds
 
-    def smoke(self, image_id: str) -> records.SmokePass | None:
-        return records.SmokePass(image_id, "c", 12, 3, 1, "2026-11-30T04:00:00Z") if image_id in self.tested else None
+    def smoke(self, image_id: str) -> passes.SmokePass | None:
+        return passes.SmokePass(image_id, "c", 12, 3, 1, "2026-11-30T04:00:00Z") if image_id in self.tested else None
 
-    def run(self, only: tuple[str, ...] = (A, B)) -> pub.Report:
-        p = pub.Publisher(self.engine, self.registry, self.cfg, repository="pt-multi-gpu", creds=self.creds,
+    def run(self, only: tuple[str, ...] = (A, B)) -> publish_report.Report:
+        p = publisher.Publisher(self.engine, self.registry, self.cfg, repository="pt-multi-gpu", creds=self.creds,
                           smoke=self.smoke, sleep=self.sleeps.append, rng=lambda: 1.0)
         return p.run(self.matrix, [c for c in self.matrix.cells if c.name in only])
 
 
-def _status(report: pub.Report) -> dict[str, str]:
+def _status(report: publish_report.Report) -> dict[str, str]:
     return {t.tag: t.status for c in report.cells for t in c.tags}
 
 
@@ -545,11 +546,11 @@ def test_immutable_overwrite_refused_nothing_pushed_for_that_cell(matrix: Matrix
 
 
 @pytest.mark.parametrize("fault", [
-    pub.Fault("auth", "HTTP 401", False),
-    pub.Fault("protocol", "HTTP 404 without a registry error", False),
-    pub.Fault("tls", "bad cert", False),
+    faults.Fault("auth", "HTTP 401", False),
+    faults.Fault("protocol", "HTTP 404 without a registry error", False),
+    faults.Fault("tls", "bad cert", False),
 ])
-def test_permanent_read_faults_fail_at_once_and_never_push(matrix: Matrix, fault: pub.Fault) -> None:
+def test_permanent_read_faults_fail_at_once_and_never_push(matrix: Matrix, fault: faults.Fault) -> None:
     w = World(matrix)
     w.registry.faults[TAGS_A[0]] = [fault] * 10
     report = w.run(only=(A,))
@@ -562,11 +563,11 @@ def test_permanent_read_faults_fail_at_once_and_never_push(matrix: Matrix, fault
 
 
 @pytest.mark.parametrize("fault", [
-    pub.Fault("rate-limit", "HTTP 429", True),
-    pub.Fault("server", "HTTP 503", True),
-    pub.Fault("network", "connection refused", True),
+    faults.Fault("rate-limit", "HTTP 429", True),
+    faults.Fault("server", "HTTP 503", True),
+    faults.Fault("network", "connection refused", True),
 ])
-def test_transient_read_faults_retried_then_fail_without_push(matrix: Matrix, fault: pub.Fault) -> None:
+def test_transient_read_faults_retried_then_fail_without_push(matrix: Matrix, fault: faults.Fault) -> None:
     w = World(matrix, attempts=4)
     w.registry.faults[TAGS_A[0]] = [fault] * 10
     report = w.run(only=(A,))
@@ -577,7 +578,7 @@ def test_transient_read_faults_retried_then_fail_without_push(matrix: Matrix, fa
 
 def test_transient_read_fault_recovers(matrix: Matrix) -> None:
     w = World(matrix)
-    w.registry.faults[TAGS_A[0]] = [pub.Fault("server", "HTTP 502", True)]
+    w.registry.faults[TAGS_A[0]] = [faults.Fault("server", "HTTP 502", True)]
     report = w.run(only=(A,))
     assert report.ok and w.sleeps == [1.0]
 
@@ -659,7 +660,7 @@ def test_allow_untested_moves_floating_and_says_so(matrix: Matrix) -> None:
     report = w.run(only=(A,))
     assert report.ok and report.allow_untested
     assert report.cells[0].smoke["status"] == "untested (--allow-untested)"
-    assert "WARNING: --allow-untested" in pub.report_markdown(report)
+    assert "WARNING: --allow-untested" in publish_report.report_markdown(report)
 
 
 def test_missing_or_foreign_local_image(matrix: Matrix) -> None:
@@ -681,20 +682,20 @@ def test_missing_revision_label(matrix: Matrix) -> None:
 
 def test_dry_run_contacts_nothing(matrix: Matrix) -> None:
     w = World(matrix)
-    w.cfg = pub.PublishConfig(w.cfg.registry, dry_run=True)
+    w.cfg = publisher.PublishConfig(w.cfg.registry, dry_run=True)
     report = w.run()
     assert report.ok and w.engine.pushes == [] and w.registry.reads == []
     assert set(_status(report).values()) == {"planned"}
 
 
 def test_credentials_reach_the_push_but_never_the_report(matrix: Matrix, tmp_path: Path) -> None:
-    creds = pub.Credentials("bob", pub.Secret(PASSWORD), "env PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD")
+    creds = credentials.Credentials("bob", credentials.Secret(PASSWORD), "env PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD")
     w = World(matrix, creds=creds)
     # An engine that echoes the password in its error (some proxies do) must not leak it either.
     w.engine.push_errors = [f"unauthorized: bad password {PASSWORD}"]
     report = w.run(only=(A,))
     assert w.engine.pushes[0][1] == {"username": "bob", "password": PASSWORD, "serveraddress": "127.0.0.1:5000"}
-    jpath, mpath = pub.write_report(report, tmp_path, creds.secrets())
+    jpath, mpath = publish_report.write_report(report, tmp_path, creds.secrets())
     for text in (jpath.read_text(), mpath.read_text(), repr(report)):
         assert PASSWORD not in text
     assert "bad password ***" in jpath.read_text()
@@ -704,7 +705,7 @@ def test_credentials_reach_the_push_but_never_the_report(matrix: Matrix, tmp_pat
 def test_report_rendering(matrix: Matrix, tmp_path: Path) -> None:
     w = World(matrix, tested=(IMG_B,))
     report = w.run()
-    jpath, mpath = pub.write_report(report, tmp_path / "out")
+    jpath, mpath = publish_report.write_report(report, tmp_path / "out")
     data = json.loads(jpath.read_text())
     assert data["ok"] is False and data["floating_gate"]["open"] is False
     cell = next(c for c in data["cells"] if c["cell"] == B)
@@ -721,12 +722,12 @@ def test_report_rendering(matrix: Matrix, tmp_path: Path) -> None:
 
 
 def test_image_date_revision_and_versions() -> None:
-    assert pub.image_date({"org.opencontainers.image.created": "2026-11-30T03:52:14Z"}, None) == "20261130"
-    assert pub.image_date({}, "2026-01-02T10:00:00.123456789Z") == "20260102"
-    with pytest.raises(pub.tags.TagError, match="no creation date"):
-        pub.image_date({}, None)
-    with pytest.raises(pub.tags.TagError, match="no git revision label"):
-        pub.image_revision({"org.opencontainers.image.revision": "unknown"})
+    assert policy.image_date({"org.opencontainers.image.created": "2026-11-30T03:52:14Z"}, None) == "20261130"
+    assert policy.image_date({}, "2026-01-02T10:00:00.123456789Z") == "20260102"
+    with pytest.raises(tags.TagError, match="no creation date"):
+        policy.image_date({}, None)
+    with pytest.raises(tags.TagError, match="no git revision label"):
+        policy.image_revision({"org.opencontainers.image.revision": "unknown"})
     labels = {"io.pt-multi-gpu.torch": "2.7.0", "io.pt-multi-gpu.cuda": "12.6", "project": "pt-multi-gpu",
               "org.opencontainers.image.version": "x"}
-    assert pub.versions_from_labels(labels) == {"cuda": "12.6", "torch": "2.7.0"}
+    assert policy.versions_from_labels(labels) == {"cuda": "12.6", "torch": "2.7.0"}

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from builder import smoke
+import ptmg_contract as contract
 from builder.engine import RunResult
+from builder.smoke import results, runner, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_DIR = ROOT / "smoke_tests"
@@ -234,22 +235,22 @@ TORCH_2_0_FLAGS = {"--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_end
 
 
 def _flags(argv: Sequence[str]) -> set[str]:
-    script = argv.index(smoke.DDP_JOB)
+    script = argv.index(contract.DDP_JOB)
     return {a for a in argv[:script] if a.startswith("--")}
 
 
 def test_torchrun_argv_standalone() -> None:
-    argv = smoke.torchrun_argv(nnodes=1, nproc_per_node=2, script_args=("--steps", "5"))
+    argv = torchrun.torchrun_argv(nnodes=1, nproc_per_node=2, script_args=("--steps", "5"))
     assert argv[0] == "torchrun"
     assert "--standalone" in argv and "--rdzv_endpoint" not in argv
     assert argv[argv.index("--nproc_per_node") + 1] == "2"
     assert argv[argv.index("--max_restarts") + 1] == "0"
-    assert argv[-3:] == (smoke.DDP_JOB, "--steps", "5")
+    assert argv[-3:] == (contract.DDP_JOB, "--steps", "5")
     assert _flags(argv) <= TORCH_2_0_FLAGS
 
 
 def test_torchrun_argv_multinode() -> None:
-    argv = smoke.torchrun_argv(nnodes=2, nproc_per_node=2, rdzv_endpoint="node0:29400", rdzv_id="abc")
+    argv = torchrun.torchrun_argv(nnodes=2, nproc_per_node=2, rdzv_endpoint="node0:29400", rdzv_id="abc")
     assert argv[argv.index("--nnodes") + 1] == "2"
     assert argv[argv.index("--rdzv_backend") + 1] == "c10d"
     assert argv[argv.index("--rdzv_endpoint") + 1] == "node0:29400"
@@ -261,28 +262,28 @@ def test_torchrun_argv_multinode() -> None:
 
 def test_torchrun_argv_rejects_impossible_requests() -> None:
     with pytest.raises(ValueError, match="endpoint"):
-        smoke.torchrun_argv(nnodes=2, nproc_per_node=1)
+        torchrun.torchrun_argv(nnodes=2, nproc_per_node=1)
     with pytest.raises(ValueError, match="id"):
-        smoke.torchrun_argv(nnodes=2, nproc_per_node=1, rdzv_endpoint="node0:29400")
+        torchrun.torchrun_argv(nnodes=2, nproc_per_node=1, rdzv_endpoint="node0:29400")
     with pytest.raises(ValueError):
-        smoke.torchrun_argv(nnodes=1, nproc_per_node=0)
+        torchrun.torchrun_argv(nnodes=1, nproc_per_node=0)
 
 
 def test_ddp_job_args() -> None:
-    args = smoke.ddp_job_args(steps=7, timeout_s=20, bench_sizes=("4K", "1M"), step_sleep_s=0.05, extra=("--x",))
-    assert args == ("--out", smoke.IN_CONTAINER_OUT, "--steps", "7", "--timeout", "20", "--phase-timeout", "120",
+    args = torchrun.ddp_job_args(steps=7, timeout_s=20, bench_sizes=("4K", "1M"), step_sleep_s=0.05, extra=("--x",))
+    assert args == ("--out", torchrun.IN_CONTAINER_OUT, "--steps", "7", "--timeout", "20", "--phase-timeout", "120",
                     "--bench-sizes", "4K,1M", "--step-sleep", "0.05", "--x")
 
 
 def test_the_job_accepts_every_argument_the_runner_passes() -> None:
     # ddp_job.py parses its arguments before importing torch, so this runs without torch.
     job = _load("ptmg_ddp_job", SMOKE_DIR / "ddp_job.py")
-    ns = job.parse_args(list(smoke.ddp_job_args(step_sleep_s=0.05, timeout_s=15)))
-    assert ns.out == smoke.IN_CONTAINER_OUT and ns.timeout == 15 and ns.step_sleep == 0.05
+    ns = job.parse_args(list(torchrun.ddp_job_args(step_sleep_s=0.05, timeout_s=15)))
+    assert ns.out == torchrun.IN_CONTAINER_OUT and ns.timeout == 15 and ns.step_sleep == 0.05
 
 
 def test_result_marker_is_shared() -> None:
-    assert smoke.RESULT_MARKER == lib.RESULT_MARKER
+    assert contract.DDP_RESULT_MARKER == lib.RESULT_MARKER
 
 
 def sample_result(**over: Any) -> dict[str, Any]:
@@ -299,28 +300,28 @@ def sample_result(**over: Any) -> dict[str, Any]:
 
 
 def _line(data: dict[str, Any]) -> str:
-    return smoke.RESULT_MARKER + json.dumps(data)
+    return contract.DDP_RESULT_MARKER + json.dumps(data)
 
 
 def test_find_ddp_result_parses_rank0s_line_from_any_node() -> None:
-    r = smoke.find_ddp_result(["node1 noise", "a\n" + _line(sample_result()) + "\nb"])
+    r = results.find_ddp_result(["node1 noise", "a\n" + _line(sample_result()) + "\nb"])
     assert r is not None
     assert (r.world_size, r.backend, r.nodes, r.hosts[-1]) == (4, "gloo", 2, "node1")
-    assert r.busbw[1] == smoke.BusBandwidth(1048576, 3450.0, 0.304, 0.456)
-    assert smoke.find_ddp_result(["no marker"]) is None
-    assert smoke.find_ddp_result([smoke.RESULT_MARKER + '{"world_size": 2}']) is None  # malformed: ignored
+    assert r.busbw[1] == results.BusBandwidth(1048576, 3450.0, 0.304, 0.456)
+    assert results.find_ddp_result(["no marker"]) is None
+    assert results.find_ddp_result([contract.DDP_RESULT_MARKER + '{"world_size": 2}']) is None  # malformed: ignored
 
 
 def test_ddp_result_from_json_names_what_is_missing() -> None:
     data = sample_result()
     del data["params_identical"]
     with pytest.raises(ValueError, match="params_identical"):
-        smoke.DDPResult.from_json(data)
+        results.DDPResult.from_json(data)
 
 
 def test_busbw_markdown() -> None:
-    r = smoke.DDPResult.from_json(sample_result())
-    table = smoke.busbw_markdown(r).splitlines()
+    r = results.DDPResult.from_json(sample_result())
+    table = results.busbw_markdown(r).splitlines()
     assert table[0].startswith("| size |") and len(table) == 4
     assert table[3].startswith("| 1 MiB | 3450.0 | 0.304 | 0.456 |")
 
@@ -334,39 +335,39 @@ def test_busbw_markdown() -> None:
     (None, None),
 ])
 def test_parse_docker_time(text: str | None, want: datetime | None) -> None:
-    assert smoke.parse_docker_time(text) == want
+    assert results.parse_docker_time(text) == want
 
 
-def _node(name: str, code: int, second: int | None, timed_out: bool = False) -> smoke.NodeRun:
+def _node(name: str, code: int, second: int | None, timed_out: bool = False) -> results.NodeRun:
     at = None if second is None else datetime(2026, 1, 1, 0, 0, second, tzinfo=UTC)
-    return smoke.NodeRun(name, code, timed_out, "log", finished_at=at)
+    return results.NodeRun(name, code, timed_out, "log", finished_at=at)
 
 
 def test_first_failure_is_the_node_that_died_first() -> None:
     nodes = [_node("node0", 1, 40), _node("node1", 137, 12), _node("node2", 0, 41)]
-    culprit = smoke.first_failure(nodes)
+    culprit = results.first_failure(nodes)
     assert culprit is not None and culprit.name == "node1"
-    assert smoke.first_failure([_node("node0", 0, 1)]) is None
+    assert results.first_failure([_node("node0", 0, 1)]) is None
     # a node still running at the deadline has no stop time: it comes last
     hung = [_node("node0", 124, None, timed_out=True), _node("node1", 1, 30)]
-    assert smoke.first_failure(hung) == hung[1]
+    assert results.first_failure(hung) == hung[1]
 
 
 def test_ddp_run_verdict_and_summary() -> None:
-    result = smoke.DDPResult.from_json(sample_result())
-    good = smoke.DDPRun("img", (_node("node0", 0, 1), _node("node1", 0, 2)), 2, result, 30.0)
+    result = results.DDPResult.from_json(sample_result())
+    good = results.DDPRun("img", (_node("node0", 0, 1), _node("node1", 0, 2)), 2, result, 30.0)
     assert good.ok and good.world_size == 4 and good.culprit is None
     assert "PASS" in good.summary() and "world size 4" in good.summary()
 
-    bad = smoke.DDPRun("img", (_node("node0", 1, 50), _node("node1", 137, 20)), 2, None, 60.0, killed="node1")
+    bad = results.DDPRun("img", (_node("node0", 1, 50), _node("node1", 137, 20)), 2, None, 60.0, killed="node1")
     assert not bad.ok and [n.name for n in bad.failed_nodes] == ["node0", "node1"]
     text = bad.summary()
     assert "FAIL" in text and "first to fail: node1" in text and "SIGKILL" in text and "no DDP result" in text
 
-    wrong_size = smoke.DDPRun("img", (_node("node0", 0, 1),), 2, result, 1.0)  # result says 4 ranks, 1x2 ran
+    wrong_size = results.DDPRun("img", (_node("node0", 0, 1),), 2, result, 1.0)  # result says 4 ranks, 1x2 ran
     assert not wrong_size.ok
-    failed_check = smoke.DDPResult.from_json(sample_result(ok=False, params_identical=False))
-    assert not smoke.DDPRun("img", (_node("node0", 0, 1), _node("node1", 0, 2)), 2, failed_check, 1.0).ok
+    failed_check = results.DDPResult.from_json(sample_result(ok=False, params_identical=False))
+    assert not results.DDPRun("img", (_node("node0", 0, 1), _node("node1", 0, 2)), 2, failed_check, 1.0).ok
 
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"><testsuite name="pt-multi-gpu-selftest"
@@ -379,10 +380,10 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests"
 
 
 def test_parse_junit() -> None:
-    counts, failures = smoke.parse_junit(JUNIT)
-    assert counts == smoke.TestCounts(tests=6, passed=2, failed=1, errors=1, skipped=2)
+    counts, failures = results.parse_junit(JUNIT)
+    assert counts == results.TestCounts(tests=6, passed=2, failed=1, errors=1, skipped=2)
     assert failures == ("test_versions::test_env[cuda]", "test_ddp::test_ddp[exit-code]")
-    bare, _ = smoke.parse_junit('<testsuite tests="1"><testcase classname="a" name="b"/></testsuite>')
+    bare, _ = results.parse_junit('<testsuite tests="1"><testcase classname="a" name="b"/></testsuite>')
     assert bare.passed == 1
 
 
@@ -396,23 +397,23 @@ def _tar(name: str, data: bytes) -> bytes:
 
 
 def test_extract_file() -> None:
-    assert smoke.extract_file(_tar("junit.xml", b"<x/>")) == b"<x/>"
+    assert results.extract_file(_tar("junit.xml", b"<x/>")) == b"<x/>"
     empty = io.BytesIO()
     with tarfile.open(fileobj=empty, mode="w"):
         pass
-    assert smoke.extract_file(empty.getvalue()) is None
+    assert results.extract_file(empty.getvalue()) is None
 
 
 def test_expect_labels_keeps_only_ours() -> None:
     labels = {"io.pt-multi-gpu.torch": "2.7.0", "project": "pt-multi-gpu", "org.opencontainers.image.title": "x"}
-    assert smoke.expect_labels(labels) == {"io.pt-multi-gpu.torch": "2.7.0"}
+    assert results.expect_labels(labels) == {"io.pt-multi-gpu.torch": "2.7.0"}
 
 
 def test_split_gpus() -> None:
-    assert smoke.split_gpus(4, 2) == (("0", "1"), ("2", "3"))
-    assert smoke.split_gpus(3, 2) == (("0",), ("1",))
+    assert torchrun.split_gpus(4, 2) == (("0", "1"), ("2", "3"))
+    assert torchrun.split_gpus(3, 2) == (("0",), ("1",))
     with pytest.raises(ValueError):
-        smoke.split_gpus(1, 2)
+        torchrun.split_gpus(1, 2)
 
 
 # --- builder.smoke orchestration against a fake engine ---------------------------
@@ -500,7 +501,7 @@ def _engine(fake: FakeEngine) -> Any:
 def test_multinode_starts_every_node_collects_every_exit_and_cleans_up() -> None:
     ok_log = _line(sample_result())
     fake = FakeEngine(logs=[ok_log, "node1 log"], codes=[0, 0])
-    run = smoke.run_multinode(_engine(fake), "img:1", nodes=2, nproc_per_node=2, steps=5, timeout=60)
+    run = runner.run_multinode(_engine(fake), "img:1", nodes=2, nproc_per_node=2, steps=5, timeout=60)
     assert run.ok, run.summary()
     assert [n.name for n in run.nodes] == ["node0", "node1"]
     assert len(fake.networks) == 1 and fake.removed_networks == fake.networks
@@ -508,7 +509,7 @@ def test_multinode_starts_every_node_collects_every_exit_and_cleans_up() -> None
     for i, c in enumerate(fake.started):
         assert c.kwargs["alias"] == c.kwargs["hostname"] == f"node{i}"
         assert c.kwargs["network"] == fake.networks[0]
-        assert c.kwargs["shm_size"] == smoke.SHM_SIZE
+        assert c.kwargs["shm_size"] == contract.SMOKE_SHM_SIZE
         assert c.kwargs["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"
         assert c.kwargs["environment"]["NCCL_SOCKET_IFNAME"] == "eth0"
         assert "device_requests" not in c.kwargs
@@ -521,7 +522,7 @@ def test_multinode_starts_every_node_collects_every_exit_and_cleans_up() -> None
 
 def test_multinode_failure_of_one_node_fails_the_run() -> None:
     fake = FakeEngine(logs=[_line(sample_result()), "boom"], codes=[0, 1])
-    run = smoke.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
+    run = runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
     assert not run.ok
     assert run.culprit is not None and run.culprit.name == "node1"
 
@@ -529,14 +530,14 @@ def test_multinode_failure_of_one_node_fails_the_run() -> None:
 def test_multinode_cleans_up_when_the_engine_fails() -> None:
     fake = FakeEngine(logs=["", ""], codes=[0, 0], wait_raises=True)
     with pytest.raises(RuntimeError, match="engine went away"):
-        smoke.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
+        runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
     assert all(c.removed for c in fake.started) and fake.removed_networks == fake.networks
 
 
 def test_multinode_kill_plan_kills_the_node_and_names_it() -> None:
-    marker = smoke.KillPlan().when
+    marker = runner.KillPlan().when
     fake = FakeEngine(logs=[f"PTMG_DDP rank 0: {marker}loss=1", "node1"], codes=[1, 0])
-    run = smoke.run_multinode(_engine(fake), "img", nodes=2, timeout=60, kill=smoke.KillPlan(node=1))
+    run = runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60, kill=runner.KillPlan(node=1))
     assert fake.started[1].killed and not fake.started[0].killed
     assert run.killed == "node1"
     assert not run.ok
@@ -546,23 +547,23 @@ def test_multinode_kill_plan_kills_the_node_and_names_it() -> None:
 
 def test_multinode_kill_plan_that_never_fires_is_an_error() -> None:
     fake = FakeEngine(logs=["nothing", "nothing"], codes=[0, 0])
-    with pytest.raises(smoke.SmokeError, match="never injected"):
-        smoke.run_multinode(_engine(fake), "img", nodes=2, timeout=60,
-                            kill=smoke.KillPlan(node=1, within_s=0.2))
+    with pytest.raises(runner.SmokeError, match="never injected"):
+        runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60,
+                            kill=runner.KillPlan(node=1, within_s=0.2))
     assert all(c.removed for c in fake.started)
 
 
 def test_multinode_gpu_ids_per_node() -> None:
     fake = FakeEngine(logs=["", ""], codes=[0, 0])
-    smoke.run_multinode(_engine(fake), "img", nodes=2, nproc_per_node=1, gpu_ids=smoke.split_gpus(2, 2), timeout=60)
+    runner.run_multinode(_engine(fake), "img", nodes=2, nproc_per_node=1, gpu_ids=torchrun.split_gpus(2, 2), timeout=60)
     assert [c.kwargs["device_requests"][0]["device_ids"] for c in fake.started] == [["0"], ["1"]]
     with pytest.raises(ValueError, match="one entry per node"):
-        smoke.run_multinode(_engine(fake), "img", nodes=2, gpu_ids=[["0"]])
+        runner.run_multinode(_engine(fake), "img", nodes=2, gpu_ids=[["0"]])
 
 
 def test_single_node_runs_torchrun_standalone() -> None:
     fake = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1))], codes=[0])
-    run = smoke.run_single_node(_engine(fake), "img", nproc=2, gpus=True)
+    run = runner.run_single_node(_engine(fake), "img", nproc=2, gpus=True)
     assert run.ok and run.world_size == 2
     c = fake.started[0]
     assert "--standalone" in c.command and c.removed
@@ -572,7 +573,7 @@ def test_single_node_runs_torchrun_standalone() -> None:
 def test_selftest_passes_the_image_labels_and_collects_junit() -> None:
     fake = FakeEngine(logs=["summary"], codes=[0], labels={"io.pt-multi-gpu.torch": "2.7.0", "project": "x"},
                       archive=_tar("junit.xml", JUNIT.encode()))
-    run = smoke.run_selftest(_engine(fake), "img", gpus=True)
+    run = runner.run_selftest(_engine(fake), "img", gpus=True)
     c = fake.started[0]
     assert c.command[0] == "selftest" and "--require-gpu" in c.command
     assert json.loads(c.command[c.command.index("--expect-json") + 1]) == {"io.pt-multi-gpu.torch": "2.7.0"}
@@ -584,5 +585,5 @@ def test_selftest_passes_the_image_labels_and_collects_junit() -> None:
 
 def test_selftest_without_junit_is_a_failure() -> None:
     fake = FakeEngine(logs=["crashed early"], codes=[0], archive=None)
-    run = smoke.run_selftest(_engine(fake), "img", expect={})
+    run = runner.run_selftest(_engine(fake), "img", expect={})
     assert run.junit_xml is None and not run.ok

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder import tags
-from builder.spec import Matrix, load_matrix
+from builder.spec import Matrix, load_matrix, tags
 
 ROOT = Path(__file__).resolve().parents[2]
 

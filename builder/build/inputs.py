@@ -1,0 +1,52 @@
+"""What decides an image, hashed: the rendered Dockerfile, every file the build copies, the base.
+
+An image carries this hash as a label; a build whose inputs hash matches the existing
+image is skipped (``make images`` twice is a no-op).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+#: What the Dockerfile copies from the project (mirrors .dockerignore).
+COPIED = ("ptmg_contract.py", "entrypoint", "smoke_tests")
+IGNORED_PARTS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache"})  # .dockerignore's exclusions
+
+
+def context_files(root: Path) -> list[Path]:
+    """Every file the Dockerfile copies in, sorted (mirrors .dockerignore)."""
+    files: list[Path] = []
+    for name in COPIED:
+        top = root / name
+        for p in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if p.is_file() and not IGNORED_PARTS.intersection(p.parts) and p.suffix != ".pyc":
+                files.append(p)
+    return files
+
+
+def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path) -> str:
+    """sha256 of everything that decides the image: Dockerfile, copied files (path, mode, bytes), base."""
+    h = hashlib.sha256()
+    h.update(b"dockerfile\0" + dockerfile.encode() + b"\0base\0" + base_id.encode() + b"\0")
+    for p in files:
+        rel = p.relative_to(root).as_posix()
+        h.update(f"file\0{rel}\0{p.stat().st_mode & 0o777:o}\0".encode())
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return "sha256:" + h.hexdigest()
+
+
+def git_revision(root: Path) -> str:
+    try:
+        r = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                           check=False, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    rev = r.stdout.strip() if r.returncode == 0 else "unknown"
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True,
+                           check=False, timeout=10).stdout.strip()
+    return rev + ("-dirty" if dirty and rev != "unknown" else "")
+
+

@@ -1,0 +1,162 @@
+"""Build orchestration: inputs hash, skip-unchanged, parallel builds, probe, labels, summary.
+
+The flow for one cell: hash its inputs; if an image with that hash exists, skip.
+Else make sure the base exists, build (BuildKit, or the classic builder), run
+the built image once to read what is really installed, fail on any mismatch
+with images.yaml, and only then label and tag it. A failed cell never moves a
+tag, so earlier good images stay where they are.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ptmg_contract as contract
+from builder.build import base_image
+from builder.build.buildenv import BuildEnv, secret_files
+from builder.build.inputs import context_files, git_revision, inputs_hash
+from builder.build.probe import check_probe, labels_for, probe
+from builder.common.log import log
+from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
+from builder.render import dockerfile as render
+from builder.spec import ImageSpec
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """How to build: the flags of `build.py build`, resolved. ``root`` is the project folder."""
+
+    root: Path
+    docker_dir: Path
+    log_dir: Path
+    force: bool = False
+    no_cache: bool = False
+    jobs: int = 1
+    keep_going: bool = False
+    build_env: BuildEnv = field(default_factory=lambda: BuildEnv((), ()))
+    mirror: str = base_image.DEFAULT_MIRROR
+    dry_run: bool = False
+    source: str = "images.yaml"
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell: str
+    status: str  # built | skipped | failed | not-run | would-build
+    seconds: float = 0.0
+    size: int | None = None
+    image_id: str | None = None
+    message: str = ""
+    log_path: Path | None = None
+
+
+class _Builder:
+    """Builds cells, sharing one engine, one BuildKit CLI lookup and one base lock."""
+
+    def __init__(self, engine: Engine, cfg: BuildConfig, on_line: Callable[[str, str], None]) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.on_line = on_line
+        self._cli: BuildkitCli | None = None
+        self._cli_checked = False
+        self._lock = threading.Lock()
+        self.stop = threading.Event()
+
+    def cli(self) -> BuildkitCli | None:
+        with self._lock:
+            if not self._cli_checked:
+                self._cli = find_buildkit_cli()
+                self._cli_checked = True
+                if self._cli is None:
+                    log.warning("no docker CLI with BuildKit found; using the classic builder "
+                                "(no cache mounts, no build secrets)")
+        return self._cli
+
+    def base_id(self, spec: ImageSpec) -> str:
+        with self._lock:  # two cells on one base must not bootstrap it twice
+            if not self.engine.image_exists(spec.base):
+                if self.cfg.dry_run:
+                    return "absent"
+                base_image.ensure(self.engine, spec, self.cfg.mirror)
+            return self.engine.image_id(spec.base)
+
+    def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool) -> BuildOutcome:
+        with secret_files(self.cfg.build_env) as secrets:
+            req = BuildRequest(self.cfg.root, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
+                               secrets, log_path, no_cache)
+            return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
+
+    def _on_current_base(self, spec: ImageSpec, image_id: str) -> bool:
+        base = self.engine.rootfs_layers(spec.base)
+        return self.engine.rootfs_layers(image_id)[: len(base)] == base
+
+    def build(self, spec: ImageSpec) -> CellResult:
+        if self.stop.is_set():
+            return CellResult(spec.name, "not-run", message="skipped after an earlier failure (use --keep-going)")
+        start = time.monotonic()
+        log_path = self.cfg.log_dir / f"{spec.name}.log"
+        try:
+            result = self._build(spec, log_path, start)
+        except (EngineError, base_image.BaseError) as exc:
+            result = CellResult(spec.name, "failed", time.monotonic() - start, message=str(exc), log_path=log_path)
+        if result.status == "failed" and not self.cfg.keep_going:
+            self.stop.set()
+        return result
+
+    def _build(self, spec: ImageSpec, log_path: Path, start: float) -> CellResult:
+        (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
+        dockerfile, text = rendered.path, rendered.text
+        if not self.cfg.dry_run and render.write([rendered]):
+            # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
+            log.info("%s: rendered %s", spec.name, dockerfile)
+        digest = inputs_hash(text, context_files(self.cfg.root), self.base_id(spec), self.cfg.root)
+        if not self.cfg.force and self.engine.image_exists(spec.ref) \
+                and self.engine.image_labels(spec.ref).get(contract.LABEL_INPUTS_HASH) == digest:
+            if spec.latest:
+                self.engine.tag(spec.ref, f"{spec.repository}:latest")
+            return CellResult(spec.name, "skipped", time.monotonic() - start, self.engine.image_size(spec.ref),
+                              self.engine.image_id(spec.ref), "unchanged (inputs hash matches)")
+        if self.cfg.dry_run:
+            return CellResult(spec.name, "would-build", message=f"inputs {digest[:19]} differ from {spec.ref}")
+        outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache)
+        if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
+            # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
+            # cached layers from the old base were reused. Never ship that; rebuild uncached.
+            log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
+                        spec.name, spec.base)
+            outcome = self._run_build(spec, dockerfile, log_path, no_cache=True)
+        if not outcome.ok or outcome.image_id is None:
+            return CellResult(spec.name, "failed", time.monotonic() - start,
+                              message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
+        probed = probe(self.engine, outcome.image_id)
+        mismatches = check_probe(spec, probed)
+        if mismatches:
+            return CellResult(spec.name, "failed", time.monotonic() - start,
+                              message="the built image does not match images.yaml:\n  " + "\n  ".join(mismatches),
+                              log_path=log_path)
+        image_id = self.engine.relabel(outcome.image_id, labels_for(spec, probed, digest, outcome.builder,
+                                                           git_revision(self.cfg.root), render.PROJECT_URL), spec.ref)
+        if spec.latest:
+            self.engine.tag(image_id, f"{spec.repository}:latest")
+        return CellResult(spec.name, "built", time.monotonic() - start, self.engine.image_size(spec.ref), image_id,
+                          f"{outcome.builder}", log_path)
+
+
+def _failure_text(step: str, tail: Sequence[str], log_path: Path) -> str:
+    lines = [f"failed step: {step}" if step else "the build failed", "last lines:"]
+    lines += [f"  | {t}" for t in tail[-30:]]
+    lines.append(f"full log: {log_path}")
+    return "\n".join(lines)
+
+
+def build_all(engine: Engine, cells: Sequence[ImageSpec], cfg: BuildConfig,
+              on_line: Callable[[str, str], None]) -> list[CellResult]:
+    """Build every cell (in parallel with cfg.jobs > 1); results in the order of `cells`."""
+    builder = _Builder(engine, cfg, on_line)
+    with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
+        return list(pool.map(builder.build, cells))

@@ -1,0 +1,106 @@
+"""Run the built image once to read what is really installed; fail on any mismatch; label it.
+
+The versions in an image's labels come from this probe, never from images.yaml alone.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import ptmg_contract as contract
+from builder.engine import Engine, EngineError
+from builder.spec import ImageSpec
+
+PROBE = f"CUDNN_DISTS = {contract.CUDNN_DISTS!r}\nNCCL_DISTS = {contract.NCCL_DISTS!r}\n" + r"""
+import importlib.metadata as md, json, sys
+import torch, torchvision
+
+def dist(*names):
+    for n in names:
+        try:
+            return md.version(n)
+        except md.PackageNotFoundError:
+            pass
+    return None
+
+try:
+    v = torch.cuda.nccl.version()
+    nccl = ".".join(map(str, v)) if isinstance(v, tuple) else "%d.%d.%d" % (v // 1000, v % 1000 // 100, v % 100)
+except Exception:
+    nccl = None
+try:
+    arch = torch._C._cuda_getArchFlags().split()
+except Exception:
+    arch = []
+print(json.dumps({
+    "torch": torch.__version__.split("+")[0],
+    "torchvision": torchvision.__version__.split("+")[0],
+    "cuda": torch.version.cuda,
+    "cudnn": dist(*CUDNN_DISTS),
+    "nccl": dist(*NCCL_DISTS) or nccl,
+    "nccl_runtime": nccl,
+    "python": "%d.%d" % sys.version_info[:2],
+    "arch_list": arch,
+}))
+"""
+
+
+def check_probe(spec: ImageSpec, probed: dict[str, object]) -> list[str]:
+    """Where the built image disagrees with images.yaml (empty when it agrees)."""
+    expect = {"torch": spec.torch, "torchvision": spec.torchvision, "cuda": spec.cuda, "cudnn": spec.cudnn,
+              "python": spec.python}
+    if spec.nccl:
+        expect["nccl"] = spec.nccl
+    return [f"{k}: images.yaml/compat data says {v}, the image has {probed.get(k)}"
+            for k, v in expect.items() if probed.get(k) != v]
+
+
+def labels_for(spec: ImageSpec, probed: dict[str, object], digest: str, builder: str,
+               revision: str, project_url: str) -> dict[str, str]:
+    """OCI and compatibility labels; versions come from the probe of the built image."""
+    arch = probed.get("arch_list")
+    return {
+        contract.OCI_CREATED: dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        contract.OCI_REVISION: revision,
+        "org.opencontainers.image.version": spec.tag,
+        "org.opencontainers.image.title": f"{spec.repository} {spec.name}",
+        "org.opencontainers.image.source": project_url,
+        "org.opencontainers.image.base.name": spec.base,
+        contract.label("cell"): spec.name,
+        contract.label("torch"): str(probed["torch"]),
+        contract.label("torchvision"): str(probed["torchvision"]),
+        contract.label("cuda"): str(probed["cuda"]),
+        contract.label("cudnn"): str(probed["cudnn"]),
+        contract.label("nccl"): str(probed.get("nccl") or ""),
+        contract.label("python"): str(probed["python"]),
+        contract.label("min-driver"): spec.min_driver,
+        contract.label("cuda-arch-list"): " ".join(arch) if isinstance(arch, list) else "",
+        contract.label("builder"): builder,
+        contract.LABEL_INPUTS_HASH: digest,
+        contract.PROJECT_LABEL[0]: contract.PROJECT_LABEL[1],
+    }
+
+
+def probe(engine: Engine, image_id: str) -> dict[str, Any]:
+    r = engine.run(image_id, [], entrypoint=[contract.VENV_PYTHON, "-c", PROBE], timeout=300,
+                   environment={"CUDA_VISIBLE_DEVICES": ""})
+    if r.exit_code != 0:
+        raise EngineError(f"probing the built image failed (exit {r.exit_code}):\n{r.output[-2000:]}")
+    return parse_probe(r.output)
+
+
+def parse_probe(output: str) -> dict[str, Any]:
+    """The probe's JSON (its last line of output); EngineError when it printed something else."""
+    lines = output.strip().splitlines()
+    try:
+        data = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise EngineError("probing the built image printed no JSON result; its last lines:\n  "
+                          + "\n  ".join(lines[-10:]))
+    return data
+
+

@@ -1,0 +1,58 @@
+"""Typed argument parsers: a bad flag is one located line and exit 2, never a traceback.
+
+``build.py test --nproc 0`` -> ``build.py test: --nproc 0: must be a whole number >= 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+from builder.common.errors import EXIT_INVALID
+from builder.common.yamlpos import control_character
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a one-line error (the usage is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_INVALID)
+
+
+def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
+    """A whole number in ``[minimum, maximum]``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be a whole number") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            upper = f" and <= {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(f"{value}: must be a whole number >= {minimum}{upper}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """A duration in seconds, > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a number of seconds") from None
+    if not 0 < value < float("inf"):  # also refuses NaN
+        raise argparse.ArgumentTypeError(f"{text}: must be a number of seconds > 0")
+    return value
+
+
+def text(value: str) -> str:
+    """One line of printable text (a newline in a flag would reach a script or a Dockerfile)."""
+    bad = control_character(value)
+    if bad:
+        raise argparse.ArgumentTypeError(f"{value!r}: contains a control character ({bad}); "
+                                         "give one line of printable text")
+    return value

@@ -1,0 +1,47 @@
+"""`build.py base`: make each selected cell's base image available: local, else pull, else debootstrap."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from builder.build import base_image
+from builder.cli import args as types
+from builder.cli.context import Context
+from builder.cli.registry import Verb
+from builder.common.errors import StepFailed
+from builder.common.log import log, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mirror", default=os.environ.get("PTMG_DEBIAN_MIRROR", base_image.DEFAULT_MIRROR),
+                   type=types.text, help="Debian mirror for debootstrap (env PTMG_DEBIAN_MIRROR)")
+    p.add_argument("--rebootstrap", action="store_true", help="bootstrap again even if the base exists")
+
+
+def run(ctx: Context) -> int:
+    engine = ctx.engine()
+    done: dict[str, str] = {}
+    failed = False
+    for cell in ctx.cells:
+        if cell.base in done:
+            continue
+        if ctx.args.dry_run:
+            done[cell.base] = "present" if engine.image_exists(cell.base) else "would pull or bootstrap"
+            continue
+        try:
+            if ctx.args.rebootstrap and cell.bootstrap:
+                base_image.bootstrap(engine, cell.bootstrap, cell.base, ctx.args.mirror)
+                done[cell.base] = "bootstrapped"
+            else:
+                done[cell.base] = base_image.ensure(engine, cell, ctx.args.mirror).how
+        except StepFailed as exc:
+            log.error("%s", exc)
+            done[cell.base] = "failed"
+            failed = True
+    print(table(["base", "status"], sorted(done.items())))
+    return 1 if failed else 0
+
+
+VERB = Verb("base", "make base images available: local, else pull, else debootstrap from a Debian mirror",
+            "base", run, add_arguments)

@@ -1,0 +1,129 @@
+"""`build.py launch`: ready-to-submit job definitions for a cell (Slurm, PyTorchJob, JobSet)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import ptmg_contract as contract
+from builder.cli import args as types
+from builder.cli.context import Context
+from builder.cli.registry import Verb
+from builder.common.errors import InputError, StepFailed
+from builder.common.log import log
+from builder.launch import FILENAMES, LAUNCHERS, TARGETS, ImagePin, LaunchConfig, pin_image, render
+
+
+def _env_pair(text: str) -> tuple[str, str]:
+    key, sep, value = types.text(text).partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, choices=TARGETS,
+                   help="slurm: an sbatch script; pytorchjob: a Kubeflow PyTorchJob; "
+                        "jobset: a JobSet + its headless Service")
+    p.add_argument("--nodes", type=types.count(1, 4096), default=1, help="nodes (Slurm nodes, pods) (default 1)")
+    p.add_argument("--gpus-per-node", type=types.count(0, 64), default=8,
+                   help="GPUs per node (default 8; 0: CPU ranks over gloo)")
+    p.add_argument("--nproc-per-node", type=types.count(1, 256), default=None,
+                   help="ranks per node (default: --gpus-per-node; required with --gpus-per-node 0)")
+    p.add_argument("--command", default=None, type=types.text, metavar="'SCRIPT ARGS'",
+                   help="what torchrun runs on every rank, in shell words (default: the image's DDP smoke job, "
+                        f"{contract.DDP_JOB})")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="pyxis",
+                   help="Slurm: how each node runs the image: pyxis (srun --container-image), apptainer "
+                        "(apptainer exec docker://...) or docker (docker run --network host) (default pyxis)")
+    p.add_argument("--name", default="ptmg-ddp", type=types.text,
+                   help="job name (DNS-1035, at most 40 characters; default ptmg-ddp)")
+    p.add_argument("--image", default=None, type=types.text, metavar="REF",
+                   help="the image to run (default: the cell's tag; pinned by its registry digest when the "
+                        "local engine knows one)")
+    p.add_argument("--no-pin", action="store_true", help="don't ask the Docker engine for a digest; name the tag")
+    p.add_argument("--rdzv-port", type=types.count(1, 65535), default=contract.RDZV_PORT,
+                   help=f"c10d rendezvous port (default {contract.RDZV_PORT})")
+    p.add_argument("--shm-size", default=contract.SHM_SIZE, type=types.text,
+                   help=f"/dev/shm per node (docker --shm-size; k8s emptyDir) (default {contract.SHM_SIZE})")
+    p.add_argument("--nccl-debug", default="WARN", type=types.text,
+                   help="NCCL_DEBUG (default WARN; INFO to debug a hang)")
+    p.add_argument("--socket-ifname", default=None, type=types.text,
+                   help="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME (default: eth0 on Kubernetes, unset on Slurm)")
+    p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
+                   help="extra environment for every node (repeatable)")
+    p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]", type=types.text,
+                   help="Slurm: bind-mount a host path into the container (repeatable)")
+    p.add_argument("--time", default="01:00:00", type=types.text, help="Slurm: --time limit (default 01:00:00)")
+    p.add_argument("--partition", default=None, type=types.text, help="Slurm: --partition")
+    p.add_argument("--account", default=None, type=types.text, help="Slurm: --account")
+    p.add_argument("--namespace", default=None, type=types.text, help="Kubernetes: metadata.namespace")
+    p.add_argument("--selftest-init", action="store_true",
+                   help="Kubernetes: run the image's selftest as an initContainer first")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="write DIR/<cell>/<file> (needed when several cells are selected); default: stdout")
+
+
+def _pin(ctx: Context, ref: str, no_pin: bool) -> ImagePin:
+    if no_pin:
+        return ImagePin(ref=ref, tag_ref=ref)
+    try:
+        attrs = ctx.engine().image_attrs(ref)
+    except StepFailed as exc:  # no engine here: still render, by tag
+        log.warning("can't ask the Docker engine for %s's digest (%s); naming the tag", ref, exc)
+        return ImagePin(ref=ref, tag_ref=ref)
+    return pin_image(ref, attrs)
+
+
+def run(ctx: Context) -> int:
+    a = ctx.args
+    if not ctx.cells:
+        raise InputError("--only/--exclude: no cell selected; `build.py matrix` lists them")
+    if a.out is None and len(ctx.cells) > 1:
+        raise InputError(f"--only: {len(ctx.cells)} cells selected; choose one with --only CELL, or give --out DIR")
+    nproc = a.nproc_per_node if a.nproc_per_node is not None else a.gpus_per_node
+    try:
+        command = tuple(shlex.split(a.command)) if a.command else ()
+    except ValueError as exc:
+        raise InputError(f"--command {a.command!r}: {exc}; give shell words, e.g. 'train.py --epochs 3'") from None
+    written: list[dict[str, Any]] = []
+    for cell in ctx.cells:
+        ref = a.image or cell.ref
+        cfg = LaunchConfig(
+            cell=cell.name, image=_pin(ctx, ref, a.no_pin or a.dry_run), nodes=a.nodes,
+            gpus_per_node=a.gpus_per_node, nproc_per_node=nproc, name=a.name, command=command, launcher=a.launcher,
+            rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
+            env=tuple(a.env), mounts=tuple(a.mount), time_limit=a.time, partition=a.partition, account=a.account,
+            selftest_init=a.selftest_init, namespace=a.namespace, source=ctx.config_display,
+        ).check()
+        text = render(a.target, cfg)
+        if not cfg.image.pinned:
+            log.warning("%s: %s", cell.name, cfg.image.note)
+        entry = {"cell": cell.name, "target": a.target, "image": cfg.image.ref, "digest": cfg.image.digest,
+                 "image_id": cfg.image.image_id, "path": None}
+        if a.out is None or a.dry_run:
+            if a.out is not None:
+                log.info("would write %s", a.out / cell.name / FILENAMES[a.target])
+            elif not a.json:
+                print(text, end="")
+        else:
+            path = a.out / cell.name / FILENAMES[a.target]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            if a.target == "slurm":
+                path.chmod(0o755)
+            log.info("wrote %s", path)
+            entry["path"] = str(path)
+        written.append(entry)
+    if a.json:
+        print(json.dumps(written, indent=2))
+    return 0
+
+
+VERB = Verb("launch", "ready-to-submit multi-node jobs for Slurm (pyxis, apptainer, docker) and Kubernetes; "
+            "see [docs/launch.md](docs/launch.md)", "launch --target slurm|pytorchjob|jobset", run, add_arguments,
+            "Write ready-to-submit job definitions for the selected cell(s): a Slurm sbatch script, a Kubeflow "
+            "PyTorchJob or a JobSet, pinned to the image's digest when one is known.")

@@ -1,0 +1,30 @@
+"""`build.py matrix`: the validated cells, as a table or JSON (the CI job matrix)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from builder.cli.context import Context
+from builder.cli.registry import Verb
+from builder.common.log import table
+
+COLUMNS = ("name", "torch", "torchvision", "cuda", "cudnn", "nccl", "python", "flavour", "base", "latest")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--github", action="store_true",
+                   help="with --json: one line {\"include\": [...]} for a GitHub Actions matrix")
+
+
+def run(ctx: Context) -> int:
+    rows = [c.summary() for c in ctx.cells]
+    if ctx.args.json:
+        print(json.dumps({"include": rows} if ctx.args.github else rows, indent=None if ctx.args.github else 2))
+        return 0
+    print(table(COLUMNS, [[str(r[c]) if r[c] is not None else "-" for c in COLUMNS] for r in rows]))
+    return 0
+
+
+VERB = Verb("matrix", "validate images.yaml and list the cells (`--json --github` is the CI job matrix)",
+            "matrix [--json]", run, add_arguments)

@@ -1,0 +1,92 @@
+"""`build.py publish`: push smoke-tested images; immutable tags never overwritten; verify; report."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import os
+from pathlib import Path
+
+from builder.cli import args as types
+from builder.cli.context import Context
+from builder.cli.registry import Verb
+from builder.common.log import human_size, log, table
+from builder.publish.address import parse_registry
+from builder.publish.client import RegistryClient
+from builder.publish.credentials import load_credentials
+from builder.publish.faults import RetryPolicy
+from builder.publish.publisher import PublishConfig, Publisher
+from builder.publish.report import Report, report_json, short_digest, write_report
+from builder.smoke import passes
+from builder.spec import tags
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--registry", default=os.environ.get("PTMG_REGISTRY", ""), metavar="HOST[:PORT][/NAMESPACE]",
+                   type=types.text,
+                   help="where to push, e.g. ghcr.io/my-org or 127.0.0.1:5000 (env PTMG_REGISTRY). Plain HTTP "
+                        "for 127.0.0.1/localhost, HTTPS (system CA bundle) otherwise. Credentials: env "
+                        "PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD or PTMG_REGISTRY_PASSWORD_FILE, else the "
+                        "docker config (`docker login`)")
+    p.add_argument("--report-dir", type=types.text,
+                   default=os.environ.get("PTMG_PUBLISH_REPORT_DIR", "build-logs/publish"),
+                   help="where publish-report.json and publish-report.md go (default build-logs/publish/)")
+    p.add_argument("--allow-untested", action="store_true",
+                   help="move floating tags even for images without a recorded smoke-test pass (reported loudly)")
+    p.add_argument("--attempts", type=types.count(1, 20), default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
+                   help="tries per tag for transient registry faults, 1-20 (default 4, env PTMG_PUSH_ATTEMPTS; "
+                        "exponential backoff with jitter)")
+
+
+def _print_summary(report: Report) -> None:
+    rows = [[c.cell, t.tag, t.kind, t.status, f"{t.seconds:.1f}s", human_size(t.compressed_size),
+             short_digest(t.digest)] for c in report.cells for t in c.tags]
+    rows += [[c.cell, "-", "-", "failed", "-", "-", "-"] for c in report.cells if not c.tags]
+    print(table(["cell", "tag", "kind", "status", "time", "size", "digest"], rows))
+
+
+def _print_dry_run(report: Report) -> None:
+    _print_summary(report)
+    for c in report.cells:
+        print(f"{c.cell}: {c.image} ({c.image_id or 'missing'}), smoke {c.smoke.get('status', '-')}"
+              + (f"; {c.error}" if c.error else ""))
+    gate = report.floating_gate
+    print("floating tags would move" if gate["open"] else
+          "floating tags would be held:\n  " + "\n  ".join(gate["reasons"]))
+
+
+def run(ctx: Context) -> int:
+    a = ctx.args
+    registry = parse_registry(a.registry)
+    creds = load_credentials(registry, os.environ)
+    tags.plan(ctx.matrix, dt.date.today(), "0" * tags.SHORT_SHA)  # ambiguous templates fail before anything
+    log.info("publishing %d cell(s) to %s as %s", len(ctx.cells), registry,
+             creds.source if creds else "anonymous (no credentials found)")
+    client = RegistryClient(registry, ctx.matrix.repository, creds)
+    cfg = PublishConfig(registry, allow_untested=a.allow_untested, dry_run=a.dry_run,
+                        retry=RetryPolicy(attempts=a.attempts))
+    publisher = Publisher(ctx.engine(), client, cfg, repository=ctx.matrix.repository, creds=creds,
+                          smoke=functools.partial(passes.smoke_pass, ctx.root))
+    report = publisher.run(ctx.matrix, ctx.cells)
+    secrets = publisher.secrets
+    if a.json:
+        print(report_json(report, secrets), end="")
+    if a.dry_run:
+        if not a.json:
+            _print_dry_run(report)
+        return 0 if report.ok else 1
+    jpath, mpath = write_report(report, Path(a.report_dir), secrets)
+    if not a.json:
+        _print_summary(report)
+    log.info("report: %s, %s", jpath, mpath)
+    if not report.ok:
+        log.error("publish FAILED; see %s", mpath)
+    return 0 if report.ok else 1
+
+
+VERB = Verb("publish", "push tags that are never overwritten, verify digests, write a JSON + Markdown report",
+            "publish --registry HOST[:PORT][/NS]", run, add_arguments,
+            "Push the selected cells to a registry: immutable tags first, never overwritten; floating tags "
+            "(<tag>, <minor>-cuda<cuda>, latest) only after every cell is pushed and smoke-tested; verify and "
+            "report.")

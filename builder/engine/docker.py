@@ -1,0 +1,336 @@
+"""The only module that talks to the Docker engine (through the Docker SDK).
+
+Everything else in ``builder`` is pure and works on plain data; it reaches the engine
+through an :class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes:
+containers and networks come back as opaque handles (:mod:`builder.engine.model`), and
+every SDK or HTTP error is translated into :class:`EngineError` (exit 1, with the fix).
+BuildKit builds go through a CLI (:mod:`builder.engine.buildkit`); the classic builder
+through the SDK.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import os
+import re
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import docker.errors
+import requests
+
+from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
+from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
+from ptmg_contract import PROJECT_LABEL
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _translated(fn: F) -> F:
+    """SDK and HTTP errors leave as EngineError, named after the operation."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except EngineError:
+            raise
+        except docker.errors.DockerException as exc:
+            why = getattr(exc, "explanation", None) or exc
+            raise EngineError(f"the Docker engine refused {fn.__name__.strip('_')}: {why}") from None
+        except requests.exceptions.RequestException as exc:
+            raise EngineError(f"the Docker engine stopped answering ({fn.__name__.strip('_')}): {exc}") from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Engine:
+    """A thin, typed facade over the Docker SDK client. Every public method translates errors."""
+
+    def __init__(self, client: Any = None, labels: Mapping[str, str] | None = None) -> None:
+        self.client: Any = client if client is not None else connect()
+        self.labels: dict[str, str] = dict(labels) if labels is not None else {
+            PROJECT_LABEL[0]: PROJECT_LABEL[1], "session": uuid.uuid4().hex}
+
+    # --- images ------------------------------------------------------------
+    @_translated
+    def image_exists(self, ref: str) -> bool:
+        try:
+            self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return False
+        return True
+
+    @_translated
+    def image_attrs(self, ref: str) -> dict[str, Any] | None:
+        """`docker image inspect` of `ref` (Id, Size, Config.Labels, RepoDigests, ...); None if absent."""
+        try:
+            return dict(self.client.images.get(ref).attrs)
+        except docker.errors.ImageNotFound:
+            return None
+
+    def _attrs(self, ref: str) -> dict[str, Any]:
+        attrs = self.image_attrs(ref)
+        if attrs is None:
+            raise EngineError(f"no image {ref} here; build it first (`build.py build`)")
+        return attrs
+
+    def image_labels(self, ref: str) -> dict[str, str]:
+        return dict((self._attrs(ref).get("Config") or {}).get("Labels") or {})
+
+    def image_id(self, ref: str) -> str:
+        return str(self._attrs(ref)["Id"])
+
+    def rootfs_layers(self, ref: str) -> list[str]:
+        return list((self._attrs(ref).get("RootFS") or {}).get("Layers") or [])
+
+    def image_size(self, ref: str) -> int:
+        return int(self._attrs(ref).get("Size", 0))
+
+    @_translated
+    def tag(self, image_id: str, ref: str) -> None:
+        repo, _, tag = ref.rpartition(":")
+        self.client.images.get(image_id).tag(repo, tag)
+
+    @_translated
+    def untag(self, ref: str) -> None:
+        with contextlib.suppress(docker.errors.ImageNotFound, docker.errors.APIError):
+            self.client.images.remove(ref, noprune=True)
+
+    @_translated
+    def remove_image(self, ref: str) -> None:
+        """Remove an image (and its now-unused layers); absent is fine."""
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            self.client.images.remove(ref, force=True)
+
+    @_translated
+    def pull(self, ref: str) -> str | None:
+        """Pull an image; the error text on failure, None on success."""
+        repo, _, tag = ref.rpartition(":")
+        try:
+            self.client.images.pull(repo, tag=tag or "latest")
+        except docker.errors.APIError as exc:
+            return str(exc.explanation or exc)
+        return None
+
+    @_translated
+    def import_rootfs(self, tar_path: Path, ref: str, changes: Sequence[str]) -> str:
+        """`docker import` a root filesystem tarball as `ref`."""
+        repo, _, tag = ref.rpartition(":")
+        out = self.client.api.import_image_from_file(str(tar_path), repository=repo, tag=tag, changes=list(changes))
+        text = out.decode() if isinstance(out, bytes) else str(out)
+        m = re.search(r"sha256:[0-9a-f]{64}", text)
+        if not m:
+            raise EngineError(f"docker import of {ref} gave no image id: {text[-300:]}")
+        return m.group(0)
+
+    @_translated
+    def relabel(self, image_id: str, labels: Mapping[str, str], ref: str) -> str:
+        """A new image that is `image_id` plus labels (config only, no layer), tagged `ref`."""
+        lines = [f"FROM {image_id}"]
+        lines += [f"LABEL {k}={_quote(v)}" for k, v in sorted(labels.items())]
+        fileobj = io.BytesIO(("\n".join(lines) + "\n").encode())
+        try:
+            image, _logs = self.client.images.build(fileobj=fileobj, tag=ref, rm=True, pull=False)
+        except docker.errors.BuildError as exc:
+            raise EngineError(f"labelling {ref} failed: {exc.msg}") from None
+        return str(image.id)
+
+    @_translated
+    def info(self) -> dict[str, Any]:
+        return dict(self.client.info())
+
+    @_translated
+    def version(self) -> dict[str, Any]:
+        return dict(self.client.version())
+
+    # --- builds --------------------------------------------------------------
+    def build(self, req: BuildRequest, on_line: Callable[[str], None], cli: BuildkitCli | None) -> BuildOutcome:
+        """Build through BuildKit when a CLI for it exists, else the classic builder."""
+        req.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if cli is not None:
+            return build_with_cli(req, on_line, cli)
+        return self._build_classic(req, on_line)
+
+    @_translated
+    def _build_classic(self, req: BuildRequest, on_line: Callable[[str], None]) -> BuildOutcome:
+        if req.secrets.get("ca-bundle") or _has_values(req.secrets.get("build-env")):
+            # The classic builder can only pass settings as build args or files, and both
+            # end up in the image history or a layer. Refuse rather than leak.
+            return BuildOutcome(False, None, "classic",
+                                "this build needs CA certificates or pip/proxy settings, which only BuildKit can "
+                                "carry without leaving them in the image; install a docker CLI with BuildKit "
+                                "(Debian: apt-get install docker.io) or unset them")
+        text = to_classic(req.dockerfile.read_text(encoding="utf-8"))
+        tail: list[str] = []
+        image_id = None
+        with tempfile.NamedTemporaryFile("w", suffix=".Dockerfile", delete=False) as df, \
+                req.log_path.open("w", encoding="utf-8") as log:
+            df.write(text)
+            df.flush()
+            try:
+                stream = self.client.api.build(path=str(req.context), dockerfile=df.name, labels=dict(req.labels),
+                                               rm=True, forcerm=True, pull=False, nocache=req.no_cache, decode=True)
+                for chunk in stream:
+                    for line in str(chunk.get("stream", "")).splitlines():
+                        log.write(line + "\n")
+                        tail.append(line)
+                        del tail[:-30]
+                        on_line(line)
+                    if "error" in chunk:
+                        log.write(str(chunk["error"]) + "\n")
+                        return BuildOutcome(False, None, "classic", str(chunk["error"]).strip(), tuple(tail))
+                    if "aux" in chunk and "ID" in chunk["aux"]:
+                        image_id = str(chunk["aux"]["ID"])
+            finally:
+                os.unlink(df.name)
+        if image_id is None:
+            return BuildOutcome(False, None, "classic", "the engine returned no image id", tuple(tail))
+        return BuildOutcome(True, image_id, "classic")
+
+    # --- containers ----------------------------------------------------------
+    @_translated
+    def start(self, image: str, command: Sequence[str] | None = None, *,
+              extra_labels: Mapping[str, str] | None = None, network: str | None = None,
+              alias: str | None = None, **kwargs: Any) -> Container:
+        """Start a detached, labelled container (plain-data kwargs as for `docker run`).
+
+        With ``network`` it joins that network, where others reach it as ``alias`` (Docker's
+        DNS resolves aliases and names, not hostnames). The caller removes it (:meth:`remove`).
+        """
+        labels = {**self.labels, **(extra_labels or {})}
+        if network is not None:
+            kwargs["network"] = network
+            if alias is not None:
+                kwargs["networking_config"] = {network: self.client.api.create_endpoint_config(aliases=[alias])}
+        obj = self.client.containers.run(image, list(command) if command is not None else None, detach=True,
+                                         labels=labels, **kwargs)
+        return Container(str(obj.id), str(obj.name), obj)
+
+    def run(self, image: str, command: Sequence[str], *, timeout: float = 600, **kwargs: Any) -> RunResult:
+        """Run a container to completion (bounded by ``timeout``) and remove it."""
+        container = self.start(image, command, **kwargs)
+        try:
+            return self.wait(container, timeout)
+        finally:
+            self.remove(container)
+
+    @_translated
+    def wait(self, container: Container, timeout: float) -> RunResult:
+        """Wait for the container to stop; after ``timeout`` s kill it (exit 124, timed_out)."""
+        timed_out = False
+        try:
+            status = container._obj.wait(timeout=timeout)
+            code = int(status.get("StatusCode", 1))
+        except requests.exceptions.RequestException:  # ReadTimeout/ConnectionError: a hung container
+            timed_out = True
+            with contextlib.suppress(docker.errors.APIError):
+                container._obj.kill()
+            code = 124
+        return RunResult(code, self.logs(container), timed_out)
+
+    @_translated
+    def remove(self, container: Container) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            container._obj.remove(force=True, v=True)
+
+    @_translated
+    def kill(self, container: Container, signal: str = "SIGKILL") -> None:
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):  # already stopped
+            container._obj.kill(signal=signal)
+
+    @_translated
+    def state(self, container: Container) -> dict[str, Any]:
+        """The container's ``State`` (ExitCode, StartedAt, FinishedAt, OOMKilled, ...)."""
+        container._obj.reload()
+        return dict(container._obj.attrs.get("State") or {})
+
+    @_translated
+    def logs(self, container: Container) -> str:
+        return bytes(container._obj.logs(stdout=True, stderr=True)).decode("utf-8", "replace")
+
+    @_translated
+    def archive(self, container: Container, path: str) -> bytes | None:
+        """``docker cp CONTAINER:path -`` as tar bytes; None when the path does not exist."""
+        try:
+            stream, _stat = container._obj.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        return b"".join(stream)
+
+    # --- networks ------------------------------------------------------------
+    @_translated
+    def create_network(self, name: str) -> Network:
+        obj = self.client.networks.create(name, driver="bridge", labels=dict(self.labels))
+        return Network(str(obj.id), str(obj.name), obj)
+
+    @_translated
+    def remove_network(self, network: Network) -> None:
+        with contextlib.suppress(docker.errors.NotFound):
+            network._obj.remove()
+
+    @contextlib.contextmanager
+    def network(self, name: str) -> Iterator[Network]:
+        net = self.create_network(name)
+        try:
+            yield net
+        finally:
+            self.remove_network(net)
+
+    # --- cleanup -------------------------------------------------------------
+    @_translated
+    def cleanup_session(self) -> None:
+        """Remove every container and network carrying this engine's session label."""
+        flt = {"label": [f"{k}={v}" for k, v in self.labels.items()]}
+        for c in self.client.containers.list(all=True, filters=flt):
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True, v=True)
+        for n in self.client.networks.list(filters=flt):
+            with contextlib.suppress(docker.errors.NotFound):
+                n.remove()
+
+    # --- publish -------------------------------------------------------------
+    @_translated
+    def push(self, ref: str, auth_config: Mapping[str, str] | None,
+             on_event: Callable[[Mapping[str, Any]], None]) -> None:
+        """`docker push ref`, handing every progress event to `on_event`.
+
+        The credentials travel to dockerd in the request's X-Registry-Auth header (the SDK's
+        auth_config), never in argv. Errors the engine reports mid-stream arrive as events
+        with "error"; a refused request or a dropped connection raises EngineError.
+        """
+        repo, _, tag = ref.rpartition(":")
+        stream = self.client.api.push(repo, tag=tag, stream=True, decode=True,
+                                      auth_config=dict(auth_config) if auth_config else None)
+        for event in stream:
+            on_event(event)
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _has_values(env_file: Path | None) -> bool:
+    if env_file is None or not env_file.exists():
+        return False
+    return any(line.startswith("export ") for line in env_file.read_text(encoding="utf-8").splitlines())
+
+
+def connect() -> Any:
+    """A client for the engine DOCKER_HOST names (or the local socket); EngineError with the fix."""
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise EngineError(
+            f"no Docker engine answers ({exc}).\n"
+            "  fix: run `scripts/ensure-docker.sh` (starts dockerd as root on Debian), "
+            "or start Docker and check DOCKER_HOST."
+        ) from None
+    return client

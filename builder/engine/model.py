@@ -1,0 +1,60 @@
+"""What crosses the engine boundary: plain data and opaque handles, never an SDK object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.common.errors import StepFailed
+
+
+class EngineError(StepFailed):
+    """The engine could not do what was asked; the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Container:
+    """A container this engine started. Opaque: pass it back to the engine's methods."""
+
+    id: str
+    name: str
+    _obj: Any = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Network:
+    """A network this engine made. Opaque, like :class:`Container`."""
+
+    id: str
+    name: str
+    _obj: Any = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    exit_code: int
+    output: str
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    """One image build: everything the engine needs, nothing it must work out."""
+
+    context: Path
+    dockerfile: Path
+    labels: Mapping[str, str]
+    secrets: Mapping[str, Path]  # id -> file on the host
+    log_path: Path
+    no_cache: bool = False
+
+
+@dataclass(frozen=True)
+class BuildOutcome:
+    ok: bool
+    image_id: str | None
+    builder: str  # "buildkit" or "classic"
+    failed_step: str = ""
+    tail: tuple[str, ...] = ()

@@ -1,0 +1,1 @@
+"""Checks of the host the builder runs on (engine, BuildKit, disk, GPUs)."""

@@ -1,0 +1,76 @@
+"""A Slurm batch script (``templates/sbatch.sh.j2``: the template only loops and guards)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+
+from builder.common.paths import template_dir
+from builder.common.templates import environment
+from builder.launch.config import FILENAMES, RDZV_ENDPOINT_VAR, RDZV_ID_VAR, SLURM_VARS, LaunchConfig, pyxis_image
+from builder.smoke.torchrun import torchrun_argv
+
+# --- shell helpers -------------------------------------------------------------------
+
+
+def shell_word(word: str, expand: Sequence[str] = ()) -> str:
+    """One POSIX shell word. Words listed in ``expand`` are double-quoted so their ``${VAR}``
+    expands where the line runs; everything else is quoted literally."""
+    if word in expand:
+        return '"' + re.sub(r'(["\\`])', r"\\\1", word) + '"'
+    return shlex.quote(word)
+
+
+def shell_join(argv: Sequence[str], expand: Sequence[str] = ()) -> str:
+    return " ".join(shell_word(w, expand) for w in argv)
+
+
+# --- Slurm ---------------------------------------------------------------------------
+
+
+def slurm_torchrun(cfg: LaunchConfig) -> str:
+    """The torchrun line each node runs (its rendezvous endpoint and id expand on the node)."""
+    script = cfg.script()
+    argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=script[0],
+                         script_args=script[1:], rdzv_endpoint=RDZV_ENDPOINT_VAR, rdzv_id=RDZV_ID_VAR)
+    launcher, job = argv[: len(argv) - len(script)], argv[len(argv) - len(script):]
+    expand = (RDZV_ENDPOINT_VAR, RDZV_ID_VAR)
+    return f"{shell_join(launcher, expand)} \\\n    {shell_join(job)}"
+
+
+def render_slurm(cfg: LaunchConfig) -> str:
+    """An sbatch script for ``cfg`` (see launch/sbatch.sh.j2)."""
+    cfg.check()
+    extra = [f"--time={cfg.time_limit}"]
+    if cfg.gpus_per_node:
+        extra.append(f"--gpus-per-node={cfg.gpus_per_node}")
+    if cfg.partition:
+        extra.append(f"--partition={cfg.partition}")
+    if cfg.account:
+        extra.append(f"--account={cfg.account}")
+    env = cfg.env_vars(default_ifname=None)
+    image = pyxis_image(cfg.image.ref) if cfg.launcher == "pyxis" else cfg.image.ref
+    passed = (*SLURM_VARS, "PTMG_RDZV_ENDPOINT", "PTMG_RDZV_ID", "PTMG_NODE_SCRIPT", *(k for k, _ in env))
+    return environment(template_dir("launch")).get_template("sbatch.sh.j2").render(
+        source=cfg.source,
+        cell=cfg.cell,
+        pin=cfg.image,
+        filename=FILENAMES["slurm"],
+        name=cfg.name,
+        nodes=cfg.nodes,
+        nproc_per_node=cfg.nproc_per_node,
+        gpus_per_node=cfg.gpus_per_node,
+        sbatch_extra=extra,
+        image_q=shlex.quote(image),
+        rdzv_port=cfg.rdzv_port,
+        env=[(k, shlex.quote(v)) for k, v in env],
+        torchrun=slurm_torchrun(cfg),
+        launcher=cfg.launcher,
+        mounts=list(cfg.mounts),
+        pyxis_mounts=",".join(cfg.mounts),
+        shm_size=cfg.shm_size,
+        docker_env=" ".join(f"-e {k}" for k in passed),
+    )
+
+

@@ -1,0 +1,164 @@
+"""The registry's HTTP API (v2): read a manifest by tag or digest, with token or basic auth."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from builder.publish.address import Registry
+from builder.publish.credentials import Credentials
+from builder.publish.faults import Fault, exception_fault, http_fault, registry_errors
+
+MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MANIFEST_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+# Docker's v2 manifest first. The other types are accepted too: a registry asked only for
+# v2 answers 404 MANIFEST_UNKNOWN for a tag that holds an OCI manifest, and that must
+# never read as "absent" (it would let a push overwrite an immutable tag).
+ACCEPT = ", ".join((MANIFEST_V2, OCI_MANIFEST, MANIFEST_LIST, OCI_INDEX))
+ABSENT_CODES = frozenset({"MANIFEST_UNKNOWN", "NAME_UNKNOWN"})
+
+
+# --- the registry's HTTP API ------------------------------------------------------------
+@dataclass(frozen=True)
+class Remote:
+    """What the registry holds under one reference."""
+
+    digest: str | None = None  # None: absent (or unknown, when fault is set)
+    config_digest: str | None = None  # the image id the manifest describes (schema 2 / OCI)
+    media_type: str = ""
+    compressed_size: int | None = None  # sum of the layer sizes
+    fault: Fault | None = None
+
+    @property
+    def present(self) -> bool:
+        return self.digest is not None
+
+
+def manifest_remote(status: int, headers: Mapping[str, str], body: bytes, what: str) -> Remote:
+    """Classify the answer to GET /v2/<name>/manifests/<ref> (pure)."""
+    if status == 200:
+        computed = "sha256:" + hashlib.sha256(body).hexdigest()
+        digest = headers.get("Docker-Content-Digest") or computed
+        if digest != computed:
+            return Remote(fault=Fault("protocol", f"{what}: Docker-Content-Digest {digest} is not the sha256 of "
+                                                  f"the manifest ({computed})", False))
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return Remote(fault=Fault("protocol", f"{what}: the manifest is not JSON", False))
+        if not isinstance(data, dict):
+            return Remote(fault=Fault("protocol", f"{what}: the manifest is not a JSON object", False))
+        media = str(data.get("mediaType") or headers.get("Content-Type", "")).split(";")[0]
+        config = data.get("config")
+        layers = data.get("layers")
+        config_digest = str(config["digest"]) if isinstance(config, dict) and "digest" in config else None
+        size = sum(int(x.get("size", 0)) for x in layers if isinstance(x, dict)) if isinstance(layers, list) else None
+        return Remote(digest, config_digest, media, size)
+    if status == 404 and {c for c, _ in registry_errors(body)} & ABSENT_CODES:
+        return Remote()
+    return Remote(fault=http_fault(status, headers, body, what))
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """``Bearer realm="https://auth/token",service="reg",scope="repository:x:pull"`` -> ("bearer", {...})."""
+    scheme, _, rest = header.strip().partition(" ")
+    params = {k.lower(): v for k, v in re.findall(r'([A-Za-z_]+)\s*=\s*"([^"]*)"', rest)}
+    for k, v in re.findall(r'([A-Za-z_]+)\s*=\s*([^",\s]+)', rest):
+        params.setdefault(k.lower(), v)
+    return scheme.lower(), params
+
+
+def ca_bundle(env: Mapping[str, str]) -> str | bool:
+    """The system CA bundle (what dockerd trusts too), unless REQUESTS_CA_BUNDLE/SSL_CERT_FILE say otherwise."""
+    for var in ("REQUESTS_CA_BUNDLE", "SSL_CERT_FILE"):
+        if env.get(var) and Path(env[var]).is_file():
+            return env[var]
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt"):
+        if Path(path).is_file():
+            return path
+    return True
+
+
+class RegistryClient:
+    """Reads manifests over the registry HTTP API v2, answering Basic and Bearer token challenges."""
+
+    def __init__(self, registry: Registry, name: str, creds: Credentials | None, *,
+                 session: requests.Session | None = None, timeout: float = 30.0,
+                 verify: str | bool | None = None) -> None:
+        self.registry = registry
+        self.path = registry.api_path(name)
+        self.creds = creds
+        self.timeout = timeout
+        self.verify = ca_bundle(os.environ) if verify is None else verify
+        self.session = session or requests.Session()
+        if registry.is_loopback:
+            self.session.trust_env = False  # no proxy (or ~/.netrc) between us and a loopback registry
+        self._auth: dict[str, str] = {}
+
+    def _basic(self) -> dict[str, str]:
+        assert self.creds is not None
+        token = base64.b64encode(f"{self.creds.username}:{self.creds.password.reveal()}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+
+    def _token(self, params: Mapping[str, str], what: str) -> dict[str, str] | Fault:
+        realm = params.get("realm")
+        if not realm:
+            return Fault("auth", f"{what}: the registry asked for a token without a realm", False)
+        query = {"service": params.get("service", ""),
+                 "scope": params.get("scope") or f"repository:{self.path}:pull"}
+        headers = self._basic() if self.creds else {}
+        try:
+            r = self.session.get(realm, params=query, headers=headers, timeout=self.timeout, verify=self.verify)
+        except requests.exceptions.RequestException as exc:
+            return exception_fault(exc, f"{what} (token from {realm})")
+        if r.status_code != 200:
+            return http_fault(r.status_code, r.headers, r.content, f"{what} (token from {realm})")
+        try:
+            data = r.json()
+            token = str(data.get("token") or data.get("access_token") or "")
+        except (ValueError, AttributeError):
+            token = ""
+        if not token:
+            return Fault("auth", f"{what}: the token endpoint {realm} gave no token", False)
+        return {"Authorization": f"Bearer {token}"}
+
+    def manifest(self, reference: str) -> Remote:
+        """What the registry holds under a tag (or digest). Never raises for registry/network faults."""
+        url = f"{self.registry.api_base}/v2/{self.path}/manifests/{reference}"
+        what = f"GET {self.registry.host}/{self.path}:{reference} manifest"
+        tried: set[str] = set()
+        while True:
+            try:
+                r = self.session.get(url, headers={"Accept": ACCEPT, **self._auth}, timeout=self.timeout,
+                                     verify=self.verify)
+            except requests.exceptions.RequestException as exc:
+                return Remote(fault=exception_fault(exc, what))
+            if r.status_code != 401:
+                return manifest_remote(r.status_code, r.headers, r.content, what)
+            scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
+            if scheme in tried or scheme not in ("basic", "bearer"):
+                return Remote(fault=http_fault(r.status_code, r.headers, r.content, what))
+            tried.add(scheme)
+            if scheme == "basic":
+                if self.creds is None:
+                    return Remote(fault=Fault("auth", f"{what}: the registry wants credentials and none are set "
+                                                      "(PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD(_FILE), or "
+                                                      "`docker login`)", False))
+                self._auth = self._basic()
+            else:
+                got = self._token(params, what)
+                if isinstance(got, Fault):
+                    return Remote(fault=got)
+                self._auth = got
+
+

@@ -1,0 +1,163 @@
+"""ImageSpec -> Dockerfile text, and the docker/ folder that holds the results.
+
+Rendering is pure: `render()` reads only the template and its arguments, sorts
+everything it emits, and so produces byte-identical output on every run. The
+decisions (which packages, which pins, which index) are made here in Python;
+the Jinja2 template only loops and guards.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import ptmg_contract as contract
+from builder.common.paths import project_root, template_dir
+from builder.common.templates import environment
+from builder.spec import ImageSpec
+
+TEMPLATE = "Dockerfile.j2"
+PROJECT_URL = "https://github.com/pt-multi-gpu/pt-multi-gpu"
+
+# What every image needs from the OS. Python comes from the base OS.
+BASE_APT = (
+    "ca-certificates",  # TLS for pip and users' downloads
+    "openssh-server",  # SSH access (started only when a key is supplied)
+    "procps",  # ps/pkill for users and the healthcheck
+    "python3",
+    "python3-venv",
+    "tini",  # PID 1: reaps zombies, forwards signals
+)
+
+
+def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
+    """torch, torchvision and any pin the release needs (NumPy 1.x for torch < 2.3)."""
+    reqs = [f"torch=={spec.torch}", f"torchvision=={spec.torchvision}"]
+    if spec.numpy:
+        reqs.append(f"numpy{spec.numpy}")
+    return tuple(sorted(reqs))
+
+
+def index_args(spec: ImageSpec) -> tuple[str, ...]:
+    """PyPI-default wheels need no flags; other CUDA variants come from a PyTorch index."""
+    if spec.wheel_source == "pypi":
+        return ()
+    return ("--index-url", spec.wheel_source, "--extra-index-url", "https://pypi.org/simple")
+
+
+def image_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
+    """The cell facts the image carries about itself (see docs/image-layout.md)."""
+    env = {
+        contract.ENV_CELL: spec.name,
+        contract.ENV_TORCH: spec.torch,
+        contract.ENV_TORCHVISION: spec.torchvision,
+        contract.ENV_CUDA: spec.cuda,
+        contract.ENV_CUDNN: spec.cudnn,
+        contract.ENV_NCCL: spec.nccl or '""',
+        contract.ENV_PYTHON: spec.python,
+        contract.ENV_MIN_DRIVER: spec.min_driver,
+        contract.ENV_CUDA_ARCH_LIST: '"' + " ".join(spec.arch_list) + '"',
+    }
+    return tuple(sorted(env.items()))
+
+
+def static_labels(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
+    """Labels known before the build. Versions are added after a probe of the built image."""
+    labels = {
+        "org.opencontainers.image.title": f"{spec.repository} {spec.name}",
+        "org.opencontainers.image.description": (
+            f"PyTorch {spec.torch} / CUDA {spec.cuda} / cuDNN {spec.cudnn_major} with JupyterLab, SSH and TensorBoard"
+        ),
+        "org.opencontainers.image.source": PROJECT_URL,
+        "org.opencontainers.image.version": spec.tag,
+        "org.opencontainers.image.base.name": spec.base,
+        contract.LABEL_CELL: spec.name,
+        contract.LABEL_FLAVOUR: spec.flavour,
+    }
+    return tuple(sorted(labels.items()))
+
+
+def render(spec: ImageSpec, source: str = "images.yaml") -> str:
+    """The Dockerfile for one cell. Pure and deterministic."""
+    template = environment(template_dir("render")).get_template(TEMPLATE)
+    apt = sorted(set(BASE_APT) | set(spec.apt))
+    wheel_text = "PyPI" if spec.wheel_source == "pypi" else spec.wheel_source
+    return template.render(
+        c=contract,
+        cell=spec,
+        source=source,
+        apt=apt,
+        core=core_requirements(spec),
+        index_args=index_args(spec),
+        tools_and_core=tuple(sorted(set(spec.tools) | set(spec.pip) | set(core_requirements(spec)))),
+        extra_pip=bool(spec.pip),
+        env=image_env(spec),
+        labels=static_labels(spec),
+        wheel_source_text=wheel_text,
+    )
+
+
+def docker_dir() -> Path:
+    """The project's docker/ folder: one docker/<cell>/Dockerfile per cell of images.yaml."""
+    return project_root() / "docker"
+
+
+def docker_dir_for(config: Path) -> Path:
+    """Where a matrix's Dockerfiles go: docker/ for the project's images.yaml, else beside the file."""
+    config = config.resolve()
+    return docker_dir() if config == (project_root() / "images.yaml").resolve() else config.parent / "docker"
+
+
+def source_name(config: Path) -> str:
+    """How the generated header names the matrix file: stable whatever the working directory."""
+    config = config.resolve()
+    try:
+        return config.relative_to(project_root()).as_posix()
+    except ValueError:
+        return config.name
+
+
+@dataclass(frozen=True)
+class Rendered:
+    path: Path
+    text: str
+
+
+def plan(cells: Sequence[ImageSpec], out_dir: Path, source: str = "images.yaml") -> tuple[Rendered, ...]:
+    """What docker/ should hold for these cells: one Dockerfile per cell."""
+    return tuple(Rendered(out_dir / c.name / "Dockerfile", render(c, source)) for c in cells)
+
+
+def stale_dirs(cells: Sequence[ImageSpec], out_dir: Path) -> tuple[Path, ...]:
+    """Rendered folders in docker/ for cells that no longer exist."""
+    if not out_dir.is_dir():
+        return ()
+    names = {c.name for c in cells}
+    return tuple(
+        sorted(p for p in out_dir.iterdir() if p.is_dir() and (p / "Dockerfile").exists() and p.name not in names)
+    )
+
+
+def write(files: Sequence[Rendered]) -> list[Path]:
+    """Write the files that differ; return the ones written."""
+    changed = []
+    for f in files:
+        if not f.path.exists() or f.path.read_text(encoding="utf-8") != f.text:
+            f.path.parent.mkdir(parents=True, exist_ok=True)
+            f.path.write_text(f.text, encoding="utf-8")
+            changed.append(f.path)
+    return changed
+
+
+def drift(files: Sequence[Rendered]) -> list[Path]:
+    """Committed files that differ from what would be rendered (or are missing)."""
+    return [
+        f.path for f in files if not f.path.exists() or f.path.read_text(encoding="utf-8") != f.text
+    ]
+
+
+def remove(dirs: Sequence[Path]) -> None:
+    for d in dirs:
+        shutil.rmtree(d)

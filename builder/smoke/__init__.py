@@ -1,0 +1,1 @@
+"""Stage 4: smoke-test built images in containers (selftest, single- and multi-node DDP)."""

@@ -1,0 +1,286 @@
+"""What smoke runs report, parsed: DDP results, per-node runs, selftest counts (pure)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import tarfile
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import ptmg_contract as contract
+
+# --- results -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BusBandwidth:
+    """One all-reduce message size: algbw = bytes/time, busbw = algbw * 2(n-1)/n."""
+
+    nbytes: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+
+
+@dataclass(frozen=True)
+class DDPResult:
+    """What rank 0 of smoke_tests/ddp_job.py reported (its ``PTMG_DDP_RESULT`` line)."""
+
+    ok: bool
+    world_size: int
+    backend: str
+    nodes: int
+    hosts: tuple[str, ...]
+    torch: str
+    steps: int
+    steps_per_s: float
+    initial_loss: float
+    final_loss: float
+    loss_decreased: bool
+    params_identical: bool
+    allreduce_exact: bool
+    busbw: tuple[BusBandwidth, ...]
+    wall_s: float
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DDPResult:
+        try:
+            return cls(
+                ok=bool(data["ok"]),
+                world_size=int(data["world_size"]),
+                backend=str(data["backend"]),
+                nodes=int(data["nodes"]),
+                hosts=tuple(str(h) for h in data["hosts"]),
+                torch=str(data["torch"]),
+                steps=int(data["steps"]),
+                steps_per_s=float(data["steps_per_s"]),
+                initial_loss=float(data["initial_loss"]),
+                final_loss=float(data["final_loss"]),
+                loss_decreased=bool(data["loss_decreased"]),
+                params_identical=bool(data["params_identical"]),
+                allreduce_exact=bool(data["allreduce_exact"]),
+                busbw=tuple(
+                    BusBandwidth(int(r["bytes"]), float(r["time_us"]), float(r["algbw_GBps"]),
+                                 float(r["busbw_GBps"]))
+                    for r in data["busbw"]
+                ),
+                wall_s=float(data["wall_s"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed DDP result ({type(exc).__name__}: {exc})") from None
+
+
+@dataclass(frozen=True)
+class NodeRun:
+    """One container of a run: its exit code, its log and when it stopped."""
+
+    name: str
+    exit_code: int
+    timed_out: bool
+    log: str
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    oom_killed: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def describe(self) -> str:
+        if self.ok:
+            return f"{self.name}: ok"
+        how = "timed out (killed by the runner)" if self.timed_out else f"exit {self.exit_code}"
+        if self.exit_code == 137 and not self.timed_out:
+            how += " (SIGKILL: killed or out of memory)" if not self.oom_killed else " (OOM-killed)"
+        return f"{self.name}: {how}"
+
+
+@dataclass(frozen=True)
+class DDPRun:
+    """A DDP smoke run over one or more containers."""
+
+    image: str
+    nodes: tuple[NodeRun, ...]
+    nproc_per_node: int
+    result: DDPResult | None
+    wall_s: float
+    killed: str | None = None  # the node the runner killed on purpose (fault injection)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.nodes) * self.nproc_per_node
+
+    @property
+    def failed_nodes(self) -> tuple[NodeRun, ...]:
+        return tuple(n for n in self.nodes if not n.ok)
+
+    @property
+    def culprit(self) -> NodeRun | None:
+        return first_failure(self.nodes)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.failed_nodes
+            and self.result is not None
+            and self.result.ok
+            and self.result.world_size == self.world_size
+        )
+
+    def summary(self) -> str:
+        head = (f"DDP {len(self.nodes)} node(s) x {self.nproc_per_node} rank(s) on {self.image}: "
+                f"{'PASS' if self.ok else 'FAIL'} in {self.wall_s:.1f}s")
+        lines = [head]
+        if self.result is not None:
+            r = self.result
+            lines.append(f"  world size {r.world_size} ({r.backend}, {r.nodes} host(s)), "
+                         f"loss {r.initial_loss:.4g} -> {r.final_loss:.4g}, "
+                         f"{r.steps_per_s:.1f} steps/s, params identical: {r.params_identical}, "
+                         f"all-reduce exact: {r.allreduce_exact}")
+        else:
+            lines.append("  no DDP result was printed")
+        lines += [f"  {n.describe()}" for n in self.nodes]
+        culprit = self.culprit
+        if culprit is not None:
+            lines.append(f"  first to fail: {culprit.name}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class TestCounts:
+    tests: int = 0
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+
+@dataclass(frozen=True)
+class SelftestRun:
+    """``selftest`` run in one container, with the JUnit XML it wrote."""
+
+    image: str
+    exit_code: int
+    timed_out: bool
+    counts: TestCounts
+    junit_xml: str | None
+    log: str
+    wall_s: float
+    failures: tuple[str, ...] = field(default=())
+
+    @property
+    def ok(self) -> bool:
+        c = self.counts
+        return (self.exit_code == 0 and not self.timed_out and self.junit_xml is not None
+                and c.failed == 0 and c.errors == 0 and c.passed > 0)
+
+    def summary(self) -> str:
+        c = self.counts
+        status = "PASS" if self.ok else "FAIL"
+        extra = " (timed out)" if self.timed_out else ""
+        text = (f"selftest on {self.image}: {status}{extra}: {c.passed} passed, "
+                f"{c.failed + c.errors} failed, {c.skipped} skipped, exit {self.exit_code}, "
+                f"{self.wall_s:.1f}s")
+        return "\n".join([text, *(f"  FAILED {f}" for f in self.failures)])
+
+
+def find_ddp_result(logs: Sequence[str]) -> DDPResult | None:
+    """The last ``PTMG_DDP_RESULT {json}`` line of any log, parsed."""
+    found: DDPResult | None = None
+    for text in logs:
+        for line in text.splitlines():
+            idx = line.find(contract.DDP_RESULT_MARKER)
+            if idx < 0:
+                continue
+            try:
+                data = json.loads(line[idx + len(contract.DDP_RESULT_MARKER):])
+                found = DDPResult.from_json(data)
+            except ValueError:
+                continue
+    return found
+
+
+def parse_docker_time(text: str | None) -> datetime | None:
+    """Docker's RFC 3339 nanosecond stamps; the zero time means "never"."""
+    if not text or text.startswith("0001-01-01"):
+        return None
+    m = re.match(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", text.strip())
+    if not m:
+        raise ValueError(f"not a Docker timestamp: {text!r}")
+    frac = (m.group(2) or ".0")[1:7].ljust(6, "0")
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(f"{m.group(1)}.{frac}{zone}").astimezone(timezone.utc)
+
+
+def first_failure(nodes: Sequence[NodeRun]) -> NodeRun | None:
+    """The failed node that stopped first: where a multi-node failure started.
+
+    A dead node stops first; the survivors fail after it, when their collectives
+    notice. Nodes without a stop time (still running at the deadline) come last.
+    """
+    failed = [n for n in nodes if not n.ok]
+    if not failed:
+        return None
+    far = datetime.max.replace(tzinfo=timezone.utc)
+    return min(failed, key=lambda n: (n.finished_at or far, n.name))
+
+
+def parse_junit(xml_text: str) -> tuple[TestCounts, tuple[str, ...]]:
+    """Counts and failed test ids from pytest's JUnit XML (xunit1 or xunit2)."""
+    root = ET.fromstring(xml_text)  # noqa: S314  (our own container's output)
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    tests = passed = failed = errors = skipped = 0
+    failures: list[str] = []
+    for suite in suites:
+        for case in suite.iter("testcase"):
+            tests += 1
+            name = f"{case.get('classname', '')}::{case.get('name', '')}".strip(":")
+            if case.find("failure") is not None:
+                failed += 1
+                failures.append(name)
+            elif case.find("error") is not None:
+                errors += 1
+                failures.append(name)
+            elif case.find("skipped") is not None:
+                skipped += 1
+            else:
+                passed += 1
+    return TestCounts(tests, passed, failed, errors, skipped), tuple(failures)
+
+
+def extract_file(tar_bytes: bytes) -> bytes | None:
+    """The first regular file of a tar stream (``docker cp``/get_archive output)."""
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as tar:
+        for member in tar:
+            if member.isfile():
+                fh = tar.extractfile(member)
+                return fh.read() if fh is not None else None
+    return None
+
+
+def expect_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The image labels that tell the selftest what to expect (``io.pt-multi-gpu.*``)."""
+    return {k: v for k, v in sorted(labels.items()) if k.startswith(contract.LABEL_NS + ".")}
+
+
+def busbw_markdown(result: DDPResult) -> str:
+    """The all-reduce bandwidth table, as nccl-tests reports it, in Markdown."""
+    rows = ["| size | time (us) | algbw (GB/s) | busbw (GB/s) |", "|---:|---:|---:|---:|"]
+    for r in result.busbw:
+        rows.append(f"| {_human_bytes(r.nbytes)} | {r.time_us:.1f} | {r.algbw_gbps:.3f} | "
+                    f"{r.busbw_gbps:.3f} |")
+    return "\n".join(rows)
+
+
+def _human_bytes(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+

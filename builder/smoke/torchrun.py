@@ -1,0 +1,74 @@
+"""The torchrun command lines and DDP-job arguments, shared by the smoke runner and launch (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import ptmg_contract as contract
+
+#: Where the DDP job writes inside a container: writable by the image's user.
+IN_CONTAINER_OUT = "/tmp/ptmg-smoke"
+
+
+def torchrun_argv(
+    *,
+    nnodes: int,
+    nproc_per_node: int,
+    script: str = contract.DDP_JOB,
+    script_args: Sequence[str] = (),
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    join_timeout_s: int = 120,
+) -> tuple[str, ...]:
+    """The torchrun command of one node.
+
+    Underscore spellings only: torch 2.0's torchrun knows no other, and newer ones
+    accept both. One node without an endpoint is ``--standalone``.
+    """
+    if nnodes < 1 or nproc_per_node < 1:
+        raise ValueError("nnodes and nproc_per_node must be >= 1")
+    argv = ["torchrun", "--nnodes", str(nnodes), "--nproc_per_node", str(nproc_per_node),
+            "--max_restarts", "0"]
+    if rdzv_endpoint is None:
+        if nnodes != 1:
+            raise ValueError("several nodes need a rendezvous endpoint")
+        argv.append("--standalone")
+    else:
+        if not rdzv_id:
+            raise ValueError("a rendezvous needs an id shared by every node")
+        argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv_endpoint, "--rdzv_id", rdzv_id,
+                 "--rdzv_conf", f"join_timeout={join_timeout_s}"]
+    return (*argv, script, *script_args)
+
+
+def ddp_job_args(
+    *,
+    out: str = IN_CONTAINER_OUT,
+    steps: int = 60,
+    timeout_s: float = 60.0,
+    phase_timeout_s: float = 120.0,
+    bench_sizes: Sequence[str] = ("4K", "64K", "1M", "4M"),
+    step_sleep_s: float = 0.0,
+    extra: Sequence[str] = (),
+) -> tuple[str, ...]:
+    """Arguments of smoke_tests/ddp_job.py."""
+    args = ["--out", out, "--steps", str(steps), "--timeout", f"{timeout_s:g}",
+            "--phase-timeout", f"{phase_timeout_s:g}", "--bench-sizes", ",".join(bench_sizes)]
+    if step_sleep_s:
+        args += ["--step-sleep", f"{step_sleep_s:g}"]
+    return (*args, *extra)
+
+
+def node_names(count: int) -> tuple[str, ...]:
+    return tuple(f"node{i}" for i in range(count))
+
+
+def split_gpus(total: int, nodes: int) -> tuple[tuple[str, ...], ...]:
+    """Share ``total`` GPUs of one host between ``nodes`` containers (NCCL refuses two
+    ranks on one GPU, also across containers). Every node gets the same count."""
+    per = total // nodes
+    if per < 1:
+        raise ValueError(f"{total} GPU(s) can't be shared by {nodes} nodes")
+    return tuple(tuple(str(i * per + j) for j in range(per)) for i in range(nodes))
+
+

@@ -1,0 +1,166 @@
+"""The image contract: every literal that describes a pt-multi-gpu image, written once.
+
+Imported by the builder on the host (``builder/``), and inside every image by the
+entrypoint (``/opt/pt-multi-gpu/entrypoint``) and the smoke tests
+(``/opt/pt-multi-gpu/smoke_tests``), which find it at ``/opt/pt-multi-gpu/ptmg_contract.py``.
+``compose.yaml`` and ``.devcontainer/devcontainer.json`` are generated from it
+(``build.py render``). Change a value here, run ``make render``, rebuild.
+
+Standard library only, no side effects, and no syntax newer than Python 3.8: it runs
+under the host's Python and under every image's Python.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+PROJECT = "pt-multi-gpu"
+
+# --- labels -----------------------------------------------------------------------
+#: Every container, network, volume and image the project makes carries this label.
+PROJECT_LABEL: tuple[str, str] = ("project", PROJECT)
+LABEL_NS = "io.pt-multi-gpu"
+
+
+def label(name: str) -> str:
+    """``label("torch")`` -> ``"io.pt-multi-gpu.torch"``."""
+    return f"{LABEL_NS}.{name}"
+
+
+LABEL_CELL = label("cell")
+LABEL_FLAVOUR = label("flavour")
+LABEL_PLATFORM = label("platform")
+LABEL_INPUTS_HASH = label("inputs-hash")
+LABEL_BUILDER = label("builder")
+LABEL_BASE_MADE_BY = label("base.made-by")
+LABEL_BASE_CREATED = label("base.created")
+LABEL_SMOKE = label("smoke")
+LABEL_NODE = label("node")
+LABEL_SLURM_JOB = label("slurm-job")
+OCI_CREATED = "org.opencontainers.image.created"
+OCI_REVISION = "org.opencontainers.image.revision"
+
+# --- paths in the image -----------------------------------------------------------
+PREFIX = "/opt/pt-multi-gpu"
+CONTRACT_FILE = f"{PREFIX}/ptmg_contract.py"
+ENTRYPOINT_DIR = f"{PREFIX}/entrypoint"
+SMOKE_DIR = f"{PREFIX}/smoke_tests"
+START_SCRIPT = f"{ENTRYPOINT_DIR}/start.sh"
+HEALTHCHECK = f"{ENTRYPOINT_DIR}/healthcheck"
+SELFTEST = f"{SMOKE_DIR}/selftest"
+DDP_JOB = f"{SMOKE_DIR}/ddp_job.py"
+VENV = "/opt/venv"
+VENV_PYTHON = f"{VENV}/bin/python"
+WORKDIR = "/workspace"
+STATE_DIR = "/run/pt-multi-gpu"
+SSH_HOST_KEY_DIR = "/var/lib/pt-multi-gpu/ssh-host-keys"
+SECRETS_DIR = "/run/secrets"
+TINI = "/usr/bin/tini"
+
+# --- the user ---------------------------------------------------------------------
+USER = "pt"
+UID = 1000
+GID = 1000
+HOME = f"/home/{USER}"
+
+# --- services and ports ------------------------------------------------------------
+JUPYTER = "jupyter"
+TENSORBOARD = "tensorboard"
+SSHD = "sshd"
+SERVICES: tuple[str, ...] = (JUPYTER, TENSORBOARD, SSHD)
+JUPYTER_PORT = 8888
+SSH_PORT = 22
+SSH_HOST_PORT = 2222  # what the docs and compose.yaml publish 22 as
+TENSORBOARD_PORT = 6006
+TENSORBOARD_PROXY_PATH = "/tensorboard/"
+#: The ports an image EXPOSEs, in order.
+PORTS: tuple[int, ...] = (JUPYTER_PORT, SSH_PORT, TENSORBOARD_PORT)
+
+# --- environment --------------------------------------------------------------------
+#: Cell facts baked into every image (ENV), read by the diagnostics and the smoke tests.
+ENV_CELL = "PTMG_CELL"
+ENV_TORCH = "PTMG_TORCH"
+ENV_TORCHVISION = "PTMG_TORCHVISION"
+ENV_CUDA = "PTMG_CUDA"
+ENV_CUDNN = "PTMG_CUDNN"
+ENV_NCCL = "PTMG_NCCL"
+ENV_PYTHON = "PTMG_PYTHON"
+ENV_MIN_DRIVER = "PTMG_MIN_DRIVER"
+ENV_CUDA_ARCH_LIST = "PTMG_CUDA_ARCH_LIST"
+#: Runtime settings the entrypoint reads (see entrypoint/README.md).
+ENV_JUPYTER_TOKEN = "JUPYTER_TOKEN"  # noqa: S105 - the name of a variable
+ENV_JUPYTER_PASSWORD_HASH = "JUPYTER_PASSWORD_HASH"  # noqa: S105 - a variable name
+ENV_SSH_AUTHORIZED_KEYS = "SSH_AUTHORIZED_KEYS"
+ENV_PT_UID = "PT_UID"
+ENV_PT_GID = "PT_GID"
+
+#: check name -> (ENV variable, image label): what the selftest compares the image against.
+EXPECT_KEYS: Mapping[str, tuple[str, str]] = {
+    "torch": (ENV_TORCH, label("torch")),
+    "torchvision": (ENV_TORCHVISION, label("torchvision")),
+    "cuda": (ENV_CUDA, label("cuda")),
+    "cudnn": (ENV_CUDNN, label("cudnn")),
+    "nccl": (ENV_NCCL, label("nccl")),
+    "python": (ENV_PYTHON, label("python")),
+    "cuda-arch-list": (ENV_CUDA_ARCH_LIST, label("cuda-arch-list")),
+    "min-driver": (ENV_MIN_DRIVER, label("min-driver")),
+}
+
+# --- wheels that carry CUDA libraries -----------------------------------------------
+#: Distribution names, newest CUDA major first: PyPI's torch wheels take cuDNN and NCCL from these.
+CUDNN_DISTS: tuple[str, ...] = ("nvidia-cudnn-cu13", "nvidia-cudnn-cu12", "nvidia-cudnn-cu11")
+NCCL_DISTS: tuple[str, ...] = ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+CUDNN_DIST_PATTERN = r"nvidia-cudnn-cu\d+"
+NCCL_DIST_PATTERN = r"nvidia-nccl-cu\d+"
+
+# --- the DDP smoke job ----------------------------------------------------------------
+#: Rank 0 prints one line ``PTMG_DDP_RESULT {json}``; host runners parse it.
+DDP_RESULT_MARKER = "PTMG_DDP_RESULT "
+#: Printed by rank 0 at step 10 of epoch 0; the node-kill fault test waits for it.
+DDP_KILL_TRIGGER = "phase=train epoch=0 step=10 "
+#: How a stuck collective is named by the job's watchdog.
+DDP_STUCK_MARKER = "PTMG_DDP stuck rank(s): "
+RDZV_PORT = 29400
+#: Environment for ranks on several hosts (containers on one Docker network). NCCL_IB_DISABLE:
+#: no InfiniBand between containers; both spellings of async error handling (torch 2.0 reads
+#: NCCL_*, newer torch TORCH_NCCL_*).
+MULTINODE_ENV: Mapping[str, str] = {
+    "NCCL_SOCKET_IFNAME": "eth0",
+    "GLOO_SOCKET_IFNAME": "eth0",
+    "NCCL_IB_DISABLE": "1",
+    "NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+#: A timed-out NCCL collective aborts the process instead of hanging (both spellings).
+NCCL_ASYNC_ENV: Mapping[str, str] = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "NCCL_ASYNC_ERROR_HANDLING": "1",
+}
+#: /dev/shm for smoke runs: gloo and NCCL need more than Docker's 64 MB default.
+SMOKE_SHM_SIZE = "1g"
+#: /dev/shm the docs, compose.yaml and the launch jobs ask for.
+SHM_SIZE = "8g"
+
+
+def project_labels(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The project label plus ``extra``: what every object the project creates carries."""
+    out = {PROJECT_LABEL[0]: PROJECT_LABEL[1]}
+    out.update(extra or {})
+    return out
+
+
+# --- versions ---------------------------------------------------------------------------
+_VERSION_RE = re.compile(r"^\s*v?(\d+(?:\.\d+)*)")
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """How versions in labels, env and tool output compare: the leading dotted numbers.
+
+    ``"2.7.0+cu126"`` -> (2, 7, 0); ``"9.5.1.17"`` -> (9, 5, 1, 17); ``"580"`` -> (580,).
+    Raises ValueError when the text does not start with a number.
+    """
+    m = _VERSION_RE.match(text)
+    if not m:
+        raise ValueError(f"not a version: {text!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
