@@ -31,7 +31,10 @@ def images_table(matrix: Matrix) -> str:
 
 def verbs_table(rows: Sequence[tuple[str, str]]) -> str:
     """``(usage, what it does)`` per verb, in the registry's order."""
-    return markdown_table(["verb", "what it does"], [[f"`{usage}`", text] for usage, text in rows])
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")  # a pipe would end the table cell, even inside backticks
+
+    return markdown_table(["verb", "what it does"], [[cell(f"`{usage}`"), cell(text)] for usage, text in rows])
 
 
 def replace_block(text: str, markers: tuple[str, str], body: str) -> str:
