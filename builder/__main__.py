@@ -1,0 +1,7 @@
+"""`python -m builder ARGS`: the same command line as `build.py ARGS` (also from a regular install)."""
+
+import sys
+
+from builder.cli.main import main
+
+sys.exit(main())
