@@ -1,6 +1,6 @@
-"""Shared fixtures for integration tests (marker `docker`): a Docker client, the
-image under test, and factories for containers and networks that label
-everything they make and remove it again, even when a test fails.
+"""Shared fixtures for the docker tier (tests/conftest.py marks every test here `docker`):
+a Docker client, the image under test, and factories for containers and networks that
+label everything they make and remove it again, even when a test fails.
 
 Modelled on jupyter/docker-stacks tests/utils/tracked_container.py. Only objects
 carrying this session's label are ever removed; nothing unlabelled is touched.
@@ -26,11 +26,6 @@ LOGGER = logging.getLogger(__name__)
 PROJECT_LABEL = {"project": "pt-multi-gpu"}
 ENGINE_FIX = ("no Docker engine answers. Fix: run `bash scripts/ensure-docker.sh` (starts "
               "dockerd as root on Debian), or point DOCKER_HOST at a running engine.")
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    # Registered here too so `--strict-markers` works whatever pyproject.toml says.
-    config.addinivalue_line("markers", "docker: needs a Docker engine and the image under test")
 
 
 @pytest.fixture(scope="session")

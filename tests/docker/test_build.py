@@ -14,7 +14,6 @@ from builder.spec import load_matrix
 
 from .cellimage import ROOT, BuiltCell
 
-pytestmark = pytest.mark.docker
 
 
 def cell_spec(cell: str):  # type: ignore[no-untyped-def]

@@ -36,7 +36,6 @@ from builder.publish import address, client, faults, publisher
 from builder.smoke import passes
 from builder.spec import tags
 
-pytestmark = pytest.mark.docker
 LOGGER = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parents[2]

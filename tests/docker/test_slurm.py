@@ -25,7 +25,7 @@ from builder.smoke.torchrun import ddp_job_args
 from .cellimage import BuiltCell
 from .slurm_local import LocalSlurm, SlurmUnavailable, free_port
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT = 600  # container start + a 2-rank gloo DDP job on a busy 2-core host
