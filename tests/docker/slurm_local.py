@@ -21,6 +21,7 @@ import subprocess
 import uuid
 from pathlib import Path
 from types import TracebackType
+from typing import cast
 
 from tests.support import wait_until
 
@@ -132,7 +133,7 @@ class LocalSlurm:
     def _node_idle(self) -> bool:
         for p in self.procs:
             if p.poll() is not None:
-                raise SlurmUnavailable(f"{p.args[0]} exited with {p.returncode}\n{self.logs()}")
+                raise SlurmUnavailable(f"{cast(list[str], p.args)[0]} exited with {p.returncode}\n{self.logs()}")
         r = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%T"], env=self.env, capture_output=True,
                            text=True, timeout=10, check=False)
         return r.stdout.strip() == "idle"
@@ -177,9 +178,9 @@ class LocalSlurm:
         return fields
 
     def wait(self, job_id: str, timeout: float) -> dict[str, str]:
-        def finished() -> dict[str, str] | None:
+        def finished() -> dict[str, str]:
             info = self.job(job_id)
-            return info if info.get("JobState") in FINAL_STATES else None
+            return info if info.get("JobState") in FINAL_STATES else {}  # {}: not yet
 
         return wait_until(finished, timeout, interval=2, what=f"Slurm job {job_id} to finish")
 

@@ -8,12 +8,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from builder.spec import load_matrix
 
 from .cellimage import ROOT, BuiltCell
-
 
 
 def cell_spec(cell: str):  # type: ignore[no-untyped-def]

@@ -38,7 +38,6 @@ import yaml
 
 from tests.support import wait_until
 
-
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL = "127.0.0.1"
 TOKEN = "ptmg-compose-" + uuid.uuid4().hex

@@ -11,6 +11,7 @@ real cell image (`test_image`, several GB).
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -28,13 +29,12 @@ import docker
 import docker.errors
 import pytest
 
-from builder.engine import Engine
 import ptmg_contract as contract
-from builder.spec import Matrix, load_matrix
-from tests.docker.registry import LocalRegistry
+from builder.engine import Engine
 from builder.publish import address, client, faults, publisher
 from builder.smoke import passes
-from builder.spec import tags
+from builder.spec import Matrix, load_matrix, tags
+from tests.docker.registry import LocalRegistry
 
 LOGGER = logging.getLogger(__name__)
 
@@ -239,7 +239,7 @@ def test_credentials_good_publish_bad_push_nothing(registry: Callable[..., Local
                                                    tmp_path: Path) -> None:
     reg = registry(auth=(USER, PASSWORD))
     image_id = images.small(LATEST_CELL)
-    passes.record_pass(image_id, LATEST_CELL, passed=10, skipped=0)
+    passes.record_pass(ROOT, image_id, LATEST_CELL, passed=10, skipped=0)
 
     bad = publish(reg, LATEST_CELL, extra_env=_creds("wrong-" + PASSWORD))
     assert bad.rc == 1, bad.stderr
@@ -279,7 +279,7 @@ def test_rerun_with_nothing_changed_uploads_nothing(registry: Callable[..., Loca
                                                     publish: Callable[..., Run]) -> None:
     reg = registry()
     image_id = images.small(OTHER_CELL)
-    passes.record_pass(image_id, OTHER_CELL, passed=10, skipped=0)
+    passes.record_pass(ROOT, image_id, OTHER_CELL, passed=10, skipped=0)
     first = publish(reg, OTHER_CELL)
     assert first.rc == 0, first.stderr
     before = reg.snapshot()
@@ -295,7 +295,7 @@ def test_immutable_tag_never_overwritten(registry: Callable[..., LocalRegistry],
                                          publish: Callable[..., Run], docker_client: docker.DockerClient) -> None:
     reg = registry()
     old_id = images.small(OTHER_CELL)
-    passes.record_pass(old_id, OTHER_CELL, passed=10, skipped=0)
+    passes.record_pass(ROOT, old_id, OTHER_CELL, passed=10, skipped=0)
     first = publish(reg, OTHER_CELL)
     assert first.rc == 0, first.stderr
     repo_path = f"{NAMESPACE}/{images.repo}"
@@ -304,7 +304,7 @@ def test_immutable_tag_never_overwritten(registry: Callable[..., LocalRegistry],
     # Same labels (so the same date and sha tags), one more label: another image under the same tag.
     new_id = images.derived(old_id, f"{images.repo}:{OTHER_CELL}")
     assert new_id != old_id and docker_client.images.get(f"{images.repo}:{OTHER_CELL}").id == new_id
-    passes.record_pass(new_id, OTHER_CELL, passed=10, skipped=0)  # tested: only the overwrite rule may refuse
+    passes.record_pass(ROOT, new_id, OTHER_CELL, passed=10, skipped=0)  # tested: only the overwrite rule may refuse
     blobs = reg.blobs()
     second = publish(reg, OTHER_CELL)
     assert second.rc == 1
@@ -324,7 +324,7 @@ def test_registry_crash_mid_push_then_resume(registry: Callable[..., LocalRegist
                                              env: dict[str, str]) -> None:
     reg = registry()
     image_id = images.small(OTHER_CELL, blob_bytes=96 * 1024 * 1024)
-    passes.record_pass(image_id, OTHER_CELL, passed=10, skipped=0)
+    passes.record_pass(ROOT, image_id, OTHER_CELL, passed=10, skipped=0)
     registry_ = address.parse_registry(f"{reg.host}/{NAMESPACE}")
     cfg = publisher.PublishConfig(registry_, retry=faults.RetryPolicy(attempts=3))
     sleeps: list[float] = []
@@ -343,10 +343,11 @@ def test_registry_crash_mid_push_then_resume(registry: Callable[..., LocalRegist
             reg.kill()
             killed.update(at=time.monotonic(), done=done, uploading=str(lid))
 
-    publisher = publisher.Publisher(Engine(), client.RegistryClient(registry_, images.repo, None), cfg,
-                              repository=images.repo, sleep=sleeps.append, on_event=on_event)
+    run = publisher.Publisher(Engine(), client.RegistryClient(registry_, images.repo, None), cfg,
+                              repository=images.repo, smoke=functools.partial(passes.smoke_pass, ROOT),
+                              sleep=sleeps.append, on_event=on_event)
     t0 = time.monotonic()
-    report = publisher.run(matrix, [c for c in matrix.cells if c.name == OTHER_CELL])
+    report = run.run(matrix, [c for c in matrix.cells if c.name == OTHER_CELL])
     took = time.monotonic() - t0
     assert killed, f"the push finished before the registry could be killed: {seen}"
     assert not report.ok
@@ -388,7 +389,7 @@ def test_publish_real_cell_pull_by_digest_and_selftest(registry: Callable[..., L
         pytest.fail(f"test_image {test_image} is not a cell image of images.yaml (cell label {cell!r}); "
                     "set PTMG_TEST_IMAGE to a `build.py build` image", pytrace=False)
     images.tag(str(local.id), f"{images.repo}:{cell}")
-    passes.record_pass(str(local.id), cell, passed=1, skipped=0)
+    passes.record_pass(ROOT, str(local.id), cell, passed=1, skipped=0)
     reg = registry()
 
     run = publish(reg, cell)

@@ -29,7 +29,6 @@ import websocket
 from tests.browser import BrowserMissing, Chrome
 from tests.support import host_port, wait_until
 
-
 LOCAL = "127.0.0.1"
 ENTRYPOINT = "/opt/pt-multi-gpu/entrypoint"
 STATE_FILE = "/run/pt-multi-gpu/state.json"

@@ -20,7 +20,6 @@ import pytest
 from builder.engine import Engine
 from builder.smoke import results, runner
 
-
 GPU_RUNNER = os.environ.get("PTMG_GPU_TESTS") == "1"
 needs_gpu_runner = pytest.mark.skipif(not GPU_RUNNER, reason="GPU smoke runs only with PTMG_GPU_TESTS=1")
 
