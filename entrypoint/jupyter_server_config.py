@@ -5,7 +5,7 @@
 # not as environment variables that kernels would inherit.
 import os
 
-c = get_config()  # noqa: F821  (provided by traitlets when it loads this file)
+c = get_config()  # type: ignore[name-defined]  # noqa: F821  (provided by traitlets when it loads this file)
 
 c.ServerApp.ip = "0.0.0.0"
 c.ServerApp.port = int(os.environ.get("JUPYTER_PORT", "8888"))

@@ -61,7 +61,7 @@ def torchrun_argv(nproc: int, script: str, script_args: Sequence[str]) -> list[s
 
 
 def run_bounded(argv: Sequence[str], timeout: float, echo: bool = False,
-                env: dict | None = None) -> tuple[int, str, bool]:
+                env: dict[str, str] | None = None) -> tuple[int, str, bool]:
     """Run ``argv`` in its own process group; kill the group after ``timeout`` seconds."""
     proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True, env=env)

@@ -58,10 +58,10 @@ def load_expectations(
         if value:
             out[name] = value
     for key, raw in (overrides or {}).items():
-        name = _expect_name(str(key))
+        known = _expect_name(str(key))
         value = "" if raw is None else str(raw).strip()
-        if name is not None and value:
-            out[name] = value
+        if known is not None and value:
+            out[known] = value
     return out
 
 

@@ -80,7 +80,7 @@ def check_torchvision_cuda(smoke: SmokeConfig, torch: Any) -> None:
 
     tv = smokelib.decode_torchvision_cuda(getattr(torchvision.version, "cuda", None))
     pt = smokelib.version_tuple(torch.version.cuda)[:2] if torch.version.cuda else None
-    assert (tv is None) == (pt is None) and (tv is None or tv[0] == pt[0]), (
+    assert (tv is None) == (pt is None) and (tv is None or pt is None or tv[0] == pt[0]), (
         f"torchvision built for CUDA {tv}, torch for CUDA {pt}")
 
 

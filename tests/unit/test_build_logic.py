@@ -99,7 +99,7 @@ def test_inputs_hash_tracks_every_input(cell, tmp_path: Path) -> None:  # type: 
 
 
 def test_check_probe(cell) -> None:  # type: ignore[no-untyped-def]
-    good = {"torch": "2.7.0", "torchvision": "0.22.0", "cuda": "12.6", "cudnn": "9.5.1.17", "nccl": "2.26.2",
+    good: dict[str, object] = {"torch": "2.7.0", "torchvision": "0.22.0", "cuda": "12.6", "cudnn": "9.5.1.17", "nccl": "2.26.2",
             "python": "3.11"}
     assert probe.check_probe(cell, good) == []
     bad = {**good, "torchvision": "0.21.0"}

@@ -624,12 +624,13 @@ def test_retry_after_push_that_landed_reads_unchanged(matrix: Matrix) -> None:
     w = World(matrix)
     real_push = w.engine.push
 
-    def push_then_break(ref: str, auth: Mapping[str, str] | None, on_event: Callable[..., None]) -> None:
-        real_push(ref, auth, lambda ev: None)
+    def push_then_break(ref: str, auth_config: Mapping[str, str] | None,
+                        on_event: Callable[[Mapping[str, Any]], None]) -> None:
+        real_push(ref, auth_config, lambda ev: None)
         if len(w.engine.pushes) == 1:
             on_event({"error": "EOF", "errorDetail": {"message": "EOF"}})
         else:
-            real_push(ref, auth, on_event)
+            real_push(ref, auth_config, on_event)
 
     w.engine.push = push_then_break  # type: ignore[method-assign]
     report = w.run(only=(A,))
