@@ -1,15 +1,75 @@
 """Helpers shared by the host-side tests (no Docker import here).
 
-Polling goes through builder.waiting.wait_until() only (re-exported here): no scattered sleep loops.
+Polling goes through builder.common.waiting.wait_until() only (re-exported here): no
+scattered sleep loops. Unit tests build their own small matrices (small_matrix()) instead
+of depending on the cells of the project's images.yaml; the few tests that check the real
+images.yaml say so in their names.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from builder.common.waiting import WaitTimeout, wait_until
+from builder.spec import ImageSpec, Matrix, load_matrix
 
-__all__ = ["WaitTimeout", "host_port", "wait_until"]
+__all__ = ["LATEST", "MID", "OLD", "SEED_MATRIX", "WaitTimeout", "cell", "host_port", "small_matrix", "wait_until",
+           "write_matrix"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The three seed cells (torch 2.0.1 with NumPy 1.x, 2.7.0, and 2.14.1: the latest), frozen here
+#: so that editing images.yaml never changes what a unit test sees.
+SEED_MATRIX = """\
+repository: pt-multi-gpu
+tag: "{torch}-cuda{cuda}-cudnn{cudnn}-{flavour}"
+defaults:
+  base: debian:bookworm-slim
+  flavour: runtime
+  tools:
+    - jupyterlab==4.6.6
+    - jupyter-server-proxy==4.6.0
+    - tensorboard==2.21.0
+    - pytest==9.2.0
+  apt: []
+  pip: []
+include:
+  - torch: "2.0.1"
+    torchvision: "0.15.2"
+    cuda: "11.7"
+    cudnn: 8
+  - torch: "2.7.0"
+    torchvision: "0.22.0"
+    cuda: "12.6"
+    cudnn: 9
+  - torch: "2.14.1"
+    torchvision: "0.29.1"
+    cuda: "13.0"
+    cudnn: 9
+"""
+OLD, MID, LATEST = "2.0.1-cuda11.7-cudnn8-runtime", "2.7.0-cuda12.6-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-runtime"
+
+
+def write_matrix(directory: Path, text: str = SEED_MATRIX, name: str = "images.yaml") -> Path:
+    """Write a matrix file into `directory` (made if missing) and return its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def small_matrix(directory: Path, text: str = SEED_MATRIX) -> Matrix:
+    """Load `text` (default: the seed cells) as images.yaml in `directory`."""
+    return load_matrix(write_matrix(directory, text), "images.yaml")
+
+
+def cell(matrix: Matrix, name: str) -> ImageSpec:
+    """The cell called `name` (a KeyError naming the cells when there is none)."""
+    for spec in matrix.cells:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no cell {name!r}; the matrix has {[c.name for c in matrix.cells]}")
 
 
 def host_port(container: Any, port: str) -> int:

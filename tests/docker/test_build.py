@@ -8,16 +8,20 @@ import sys
 import time
 from pathlib import Path
 
-from builder.spec import load_matrix
+import docker
+
+from builder.spec import ImageSpec, load_matrix
+from tests.support import cell
 
 from .cellimage import ROOT, BuiltCell
 
 
-def cell_spec(cell: str):  # type: ignore[no-untyped-def]
-    return next(c for c in load_matrix(ROOT / "images.yaml").cells if c.name == cell)
+def cell_spec(name: str) -> ImageSpec:
+    """The built cell's entry in the real images.yaml (what it was built from)."""
+    return cell(load_matrix(ROOT / "images.yaml"), name)
 
 
-def test_labels_match_what_runs_inside(built_cell: BuiltCell, docker_client) -> None:  # type: ignore[no-untyped-def]
+def test_labels_match_what_runs_inside(built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
     labels = docker_client.images.get(built_cell.ref).labels
     for key in ("created", "revision", "source", "version", "title", "base.name"):
         assert labels.get(f"org.opencontainers.image.{key}"), key
@@ -38,7 +42,7 @@ def test_labels_match_what_runs_inside(built_cell: BuiltCell, docker_client) -> 
     assert labels["io.pt-multi-gpu.torch"] == spec.torch
 
 
-def test_user_workdir_and_files(built_cell: BuiltCell, docker_client) -> None:  # type: ignore[no-untyped-def]
+def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
     image = docker_client.images.get(built_cell.ref)
     cfg = image.attrs["Config"]
     assert cfg["Entrypoint"][:3] == ["/usr/bin/tini", "-g", "--"]
@@ -54,7 +58,8 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client) -> None:  
     assert out[-1] == "0", "no SSH host key may be baked into the image"
 
 
-def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, docker_client, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, docker_client: docker.DockerClient,
+                                                tmp_path: Path) -> None:
     """`docker save` is every layer tar plus the config (history, labels, env): scan all of it."""
     assert built_cell.markers, "nothing to look for"
     image = docker_client.images.get(built_cell.ref)

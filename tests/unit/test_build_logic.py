@@ -11,15 +11,16 @@ from builder.build import buildenv, inputs, probe
 from builder.engine import to_classic
 from builder.host import doctor
 from builder.render import dockerfile
-from builder.spec import load_matrix
+from builder.spec import ImageSpec
+from tests.support import MID, small_matrix
+from tests.support import cell as cell_named
 
-ROOT = Path(__file__).resolve().parents[2]
 PEM = b"-----BEGIN CERTIFICATE-----\nTUFSS0VS\n-----END CERTIFICATE-----\n"
 
 
 @pytest.fixture(scope="module")
-def cell():  # type: ignore[no-untyped-def]
-    return next(c for c in load_matrix(ROOT / "images.yaml").cells if c.torch == "2.7.0")
+def cell(tmp_path_factory: pytest.TempPathFactory) -> ImageSpec:
+    return cell_named(small_matrix(tmp_path_factory.mktemp("matrix")), MID)
 
 
 def test_detect_ca_and_env(tmp_path: Path) -> None:
@@ -68,7 +69,7 @@ def test_secret_files_are_private_and_removed() -> None:
     assert not kept.exists()
 
 
-def test_to_classic_strips_mounts_and_empties_caches(cell) -> None:  # type: ignore[no-untyped-def]
+def test_to_classic_strips_mounts_and_empties_caches(cell: ImageSpec) -> None:
     text = to_classic(dockerfile.render(cell))
     assert "--mount" not in text
     assert "rm -rf /var/cache/apt/* /var/lib/apt/lists/*" in text
@@ -78,7 +79,7 @@ def test_to_classic_strips_mounts_and_empties_caches(cell) -> None:  # type: ign
         assert not line.startswith("    if [ -f")
 
 
-def test_inputs_hash_tracks_every_input(cell, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_inputs_hash_tracks_every_input(cell: ImageSpec, tmp_path: Path) -> None:
     (tmp_path / "entrypoint").mkdir()
     (tmp_path / "smoke_tests").mkdir()
     f = tmp_path / "entrypoint" / "start.sh"
@@ -98,7 +99,7 @@ def test_inputs_hash_tracks_every_input(cell, tmp_path: Path) -> None:  # type: 
     assert inputs.context_files(tmp_path) == files
 
 
-def test_check_probe(cell) -> None:  # type: ignore[no-untyped-def]
+def test_check_probe(cell: ImageSpec) -> None:
     good: dict[str, object] = {"torch": "2.7.0", "torchvision": "0.22.0", "cuda": "12.6", "cudnn": "9.5.1.17", "nccl": "2.26.2",
             "python": "3.11"}
     assert probe.check_probe(cell, good) == []
@@ -107,12 +108,12 @@ def test_check_probe(cell) -> None:  # type: ignore[no-untyped-def]
     assert "torchvision" in msg and "0.21.0" in msg
 
 
-def test_doctor_cells_without_gpu(cell) -> None:  # type: ignore[no-untyped-def]
+def test_doctor_cells_without_gpu(cell: ImageSpec) -> None:
     (f,) = doctor.cell_findings([cell], [], "nvidia-smi not found")
     assert f.level == "warn" and "no GPU here" in f.what and "525.60.13" in f.fix
 
 
-def test_doctor_old_driver(cell) -> None:  # type: ignore[no-untyped-def]
+def test_doctor_old_driver(cell: ImageSpec) -> None:
     (f,) = doctor.cell_findings([cell], [doctor.Gpu("H100", "470.82.01")], "")
     assert f.level == "fail" and "older than 525.60.13" in f.what
     (g,) = doctor.cell_findings([cell], [doctor.Gpu("H100", "550.54.15")], "")

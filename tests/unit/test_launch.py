@@ -37,9 +37,10 @@ import builder.cli.main as cli
 import ptmg_contract as contract
 from builder import launch
 from builder.launch import ImagePin, LaunchConfig, LaunchError, config, kubernetes, slurm
+from tests.support import LATEST, MID, OLD, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
-CELL = "2.7.0-cuda12.6-cudnn9-runtime"
+CELL = MID
 DIGEST = "sha256:" + "ab" * 32
 
 
@@ -474,20 +475,28 @@ def test_slurm_header() -> None:
 # --- the verb ------------------------------------------------------------------------------------------------
 
 
-def test_verb_writes_one_file_per_cell(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["launch", "--target", "jobset", "--nodes", "2", "--gpus-per-node", "8", "--no-pin",
-                   "--out", str(tmp_path), "--json"])
+@pytest.fixture
+def matrix_file(tmp_path: Path) -> Path:
+    """The seed cells as a matrix file of this test's own (CELL among them)."""
+    return write_matrix(tmp_path / "matrix")
+
+
+def test_verb_writes_one_file_per_cell(tmp_path: Path, matrix_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    rc = cli.main(["launch", "--config", str(matrix_file), "--target", "jobset", "--nodes", "2", "--gpus-per-node",
+                   "8", "--no-pin", "--out", str(out), "--json"])
     assert rc == 0
     written = json.loads(capsys.readouterr().out)
-    assert len(written) >= 2 and {w["target"] for w in written} == {"jobset"}
+    assert sorted(w["cell"] for w in written) == sorted([OLD, MID, LATEST])
+    assert {w["target"] for w in written} == {"jobset"}
     for w in written:
         path = Path(w["path"])
-        assert path == tmp_path / w["cell"] / "jobset.yaml"
+        assert path == out / w["cell"] / "jobset.yaml"
         assert jobset_errors(list(yaml.safe_load_all(path.read_text()))[1]) == []
 
 
-def test_verb_prints_one_cell_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = cli.main(["launch", "--target", "slurm", "--only", CELL, "--gpus-per-node", "0", "--nproc-per-node", "2",
+def test_verb_prints_one_cell_to_stdout(matrix_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["launch", "--config", str(matrix_file), "--target", "slurm", "--only", CELL, "--gpus-per-node", "0", "--nproc-per-node", "2",
                    "--launcher", "docker", "--no-pin", "--command", "train.py --lr '1e-3'"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -502,9 +511,9 @@ def test_verb_prints_one_cell_to_stdout(capsys: pytest.CaptureFixture[str]) -> N
     (["--target", "slurm", "--only", CELL, "--command", "'unclosed"], "--command"),
     (["--target", "slurm", "--only", "no-such-cell"], "matches no cell"),
 ])
-def test_verb_refuses_bad_input_with_exit_2(argv: list[str], message: str, capfd: pytest.CaptureFixture[str],
-                                            caplog: pytest.LogCaptureFixture) -> None:
-    assert cli.main(["launch", "--no-pin", *argv]) == 2
+def test_verb_refuses_bad_input_with_exit_2(argv: list[str], message: str, matrix_file: Path,
+                                            capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    assert cli.main(["launch", "--config", str(matrix_file), "--no-pin", *argv]) == 2
     err = capfd.readouterr().err + caplog.text
     assert message in err
 
@@ -633,7 +642,7 @@ def test_devcontainer_runs_the_image_as_pt_in_workspace_with_gpus() -> None:
     assert 8888 in doc["forwardPorts"]
 
 
-def test_the_devcontainer_and_compose_name_a_real_cell() -> None:
+def test_the_devcontainer_and_compose_name_a_cell_of_the_real_images_yaml() -> None:
     """Both name `pt-multi-gpu:<tag>` of a cell in images.yaml (or latest)."""
     from builder.spec import load_matrix
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec import Matrix, load_matrix, tags
+from builder.spec import ImageSpec, Matrix, load_matrix, tags
+from tests.support import cell
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,8 @@ def matrix(tmp_path: Path) -> Matrix:
     return _matrix(tmp_path, MATRIX)
 
 
-def _cell(m: Matrix, name: str):  # type: ignore[no-untyped-def]
-    return next(c for c in m.cells if c.name == name)
+def _cell(m: Matrix, name: str) -> ImageSpec:
+    return cell(m, name)
 
 
 def test_immutable_tags_date_and_short_sha(matrix: Matrix) -> None:
