@@ -210,7 +210,6 @@ def publish(config_file: Path, tmp_path: Path, env: dict[str, str]) -> Callable[
         report_dir = tmp_path / f"report-{next(counter)}"
         argv = [sys.executable, str(ROOT / "build.py"), "publish", "--config", str(config_file), "--only", cell,
                 "--registry", f"{reg.host}/{NAMESPACE}", "--report-dir", str(report_dir), "--json", *args]
-        assert not any(PASSWORD in a for a in argv)
         t0 = time.monotonic()
         p = subprocess.run(argv, cwd=ROOT, env={**env, **(extra_env or {})}, capture_output=True, text=True,
                            timeout=1800, check=False)
