@@ -587,14 +587,14 @@ ORPHANS = "for i in 1 2 3 4 5; do (sleep 0.2 &); done"
 @pytest.mark.parametrize("where", ["command", "services"])
 def test_orphans_are_reaped(container: Any, where: str) -> None:
     if where == "command":
-        code, out = container.run_and_wait(
-            ["bash", "-c", f"{ORPHANS}; sleep 1.5; ps -eo stat=,pid=,comm="], timeout=60)
-        assert code == 0, out
-        assert not [line for line in out.splitlines() if line.strip().startswith("Z")], out
-        return
-    c = start_lab(container, {"TENSORBOARD": "off"})
-    wait_jupyter(c)
-    exec_ok(c, ["bash", "-c", ORPHANS], user="pt")  # the sleeps are re-parented to PID 1
+        # The user's command leaves orphans behind and keeps running (tail, not another sleep).
+        c = container.run(command=["bash", "-c", f"{ORPHANS}; touch /tmp/orphans-made; exec tail -f /dev/null"])
+        wait_until(lambda: c.exec_run(["test", "-e", "/tmp/orphans-made"]).exit_code == 0, 60,
+                   what="the command to have made its orphans")
+    else:
+        c = start_lab(container, {"TENSORBOARD": "off"})
+        wait_jupyter(c)
+        exec_ok(c, ["bash", "-c", ORPHANS], user="pt")  # the sleeps are re-parented to PID 1
 
     def orphans_gone_and_reaped() -> bool:
         table = exec_ok(c, ["ps", "-eo", "stat=,comm="])
