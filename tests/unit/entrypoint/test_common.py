@@ -1,0 +1,140 @@
+"""entrypoint/common.py: settings from the environment (every one, every error at once, the
+defaults of each mode) and secrets from NAME or NAME_FILE."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import ptmg_contract as contract
+from common import ConfigError, Settings, load_settings, read_secret
+
+SERVICES: list[str] = []
+COMMAND = ["python", "train.py", "--lr", "0.1"]
+SELFTEST = ["selftest", "--require-gpu", "-k", "not seed"]
+
+
+def test_services_mode_defaults() -> None:
+    assert load_settings(SERVICES, {}) == Settings(
+        mode="services", argv=(), jupyter=True, jupyter_port=contract.JUPYTER_PORT, ssh="auto", tensorboard="on",
+        tensorboard_port=contract.TENSORBOARD_PORT, tensorboard_logdir=f"{contract.WORKDIR}/runs", pt_uid=None,
+        pt_gid=None, ssh_host_key_dir=contract.SSH_HOST_KEY_DIR, diagnostics=True)
+
+
+def test_command_mode_runs_the_command_alone_by_default() -> None:
+    s = load_settings(COMMAND, {})
+    assert (s.mode, s.argv) == ("command", tuple(COMMAND))
+    assert (s.jupyter, s.ssh, s.tensorboard, s.diagnostics) == (False, "off", "off", True)
+
+
+def test_selftest_mode_passes_its_arguments_on() -> None:
+    s = load_settings(SELFTEST, {})
+    assert (s.mode, s.argv) == ("selftest", tuple(SELFTEST[1:]))
+    assert (s.jupyter, s.ssh, s.tensorboard) == (False, "off", "off")
+
+
+def test_selftest_only_as_the_first_word() -> None:
+    assert load_settings(["echo", "selftest"], {}).mode == "command"
+
+
+def test_a_command_gets_a_service_when_asked() -> None:
+    s = load_settings(COMMAND, {"JUPYTER": "on", "SSH": "auto", "TENSORBOARD": "port"})
+    assert (s.jupyter, s.ssh, s.tensorboard) == (True, "auto", "port")
+
+
+def test_every_setting_is_read() -> None:
+    env = {"JUPYTER": "off", "JUPYTER_PORT": "9999", "SSH": "on", "TENSORBOARD": "port", "TENSORBOARD_PORT": "7007",
+           "TENSORBOARD_LOGDIR": "/data/tb", "PT_UID": "4242", "PT_GID": "4343", "SSH_HOST_KEY_DIR": "/keys",
+           "PTMG_DIAGNOSTICS": "off"}
+    assert load_settings(SERVICES, env) == Settings(
+        mode="services", argv=(), jupyter=False, jupyter_port=9999, ssh="on", tensorboard="port",
+        tensorboard_port=7007, tensorboard_logdir="/data/tb", pt_uid=4242, pt_gid=4343, ssh_host_key_dir="/keys",
+        diagnostics=False)
+
+
+@pytest.mark.parametrize(("raw", "on"), [("on", True), ("1", True), ("true", True), ("YES", True), (" On ", True),
+                                         ("off", False), ("0", False), ("False", False), ("no", False)])
+def test_on_off_spellings(raw: str, on: bool) -> None:
+    s = load_settings(SERVICES, {"JUPYTER": raw, "PTMG_DIAGNOSTICS": raw, "SSH": raw, "TENSORBOARD": raw})
+    assert (s.jupyter, s.diagnostics) == (on, on)
+    assert (s.ssh, s.tensorboard) == (("on", "on") if on else ("off", "off"))
+
+
+def test_empty_values_mean_the_default() -> None:
+    env = dict.fromkeys(("JUPYTER", "SSH", "TENSORBOARD", "JUPYTER_PORT", "TENSORBOARD_PORT", "PT_UID", "PT_GID",
+                         "PTMG_DIAGNOSTICS", "TENSORBOARD_LOGDIR", "SSH_HOST_KEY_DIR"), "")
+    assert load_settings(SERVICES, env) == load_settings(SERVICES, {})
+
+
+@pytest.mark.parametrize(("name", "value", "ok"), [
+    ("JUPYTER_PORT", "1", True), ("JUPYTER_PORT", "65535", True), ("JUPYTER_PORT", "65536", False),
+    ("JUPYTER_PORT", "0", False), ("TENSORBOARD_PORT", "-1", False), ("TENSORBOARD_PORT", "80x", False),
+    ("PT_UID", "1", True), ("PT_UID", str(2**31 - 2), True), ("PT_UID", str(2**31 - 1), False), ("PT_UID", "0", False),
+    ("PT_GID", "100", True), ("PT_GID", "1.5", False),
+])
+def test_number_ranges(name: str, value: str, ok: bool) -> None:
+    if ok:
+        assert str(getattr(load_settings(SERVICES, {name: value}), name.lower())) == value
+    else:
+        with pytest.raises(ConfigError, match=name):
+            load_settings(SERVICES, {name: value})
+
+
+def test_every_bad_setting_is_reported_at_once() -> None:
+    env = {"JUPYTER": "maybe", "SSH": "sometimes", "TENSORBOARD": "loud", "JUPYTER_PORT": "http",
+           "TENSORBOARD_PORT": "0", "PT_UID": "-5", "PT_GID": "root", "PTMG_DIAGNOSTICS": "2"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(SERVICES, env)
+    parts = str(info.value).split("; ")
+    assert [p.split("=", 1)[0] for p in parts] == list(env)  # one message per variable, in a fixed order
+    assert "JUPYTER='maybe' is not one of on|off" in parts[0]
+    assert "SSH='sometimes' is not one of auto|on|off" in parts[1]
+    assert "TENSORBOARD='loud' is not one of on|off|port" in parts[2]
+    assert "JUPYTER_PORT='http' is not a number" in parts[3]
+    assert "TENSORBOARD_PORT=0 is out of range 1..65535" in parts[4]
+    assert "PT_UID=-5 is out of range" in parts[5]
+
+
+def test_the_same_port_twice_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="JUPYTER_PORT and TENSORBOARD_PORT are both 7000"):
+        load_settings(SERVICES, {"JUPYTER_PORT": "7000", "TENSORBOARD_PORT": "7000"})
+    with pytest.raises(ConfigError, match=f"both {contract.JUPYTER_PORT}"):
+        load_settings(COMMAND, {"TENSORBOARD_PORT": str(contract.JUPYTER_PORT)})
+
+
+# --- read_secret ---------------------------------------------------------------------------
+def test_secret_from_the_variable_wins_and_is_stripped(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text("from-file\n")
+    assert read_secret({"TOKEN": "  direct \n", "TOKEN_FILE": str(f)}, "TOKEN") == ("direct", "TOKEN")
+
+
+def test_secret_from_the_file(tmp_path: Path) -> None:
+    f = tmp_path / "token"
+    f.write_text("  from-file\n\n")
+    assert read_secret({"TOKEN": " ", "TOKEN_FILE": f" {f} "}, "TOKEN") == ("from-file", "TOKEN_FILE")
+
+
+def test_no_secret() -> None:
+    assert read_secret({}, "TOKEN") == (None, None)
+    assert read_secret({"TOKEN": "", "TOKEN_FILE": ""}, "TOKEN") == (None, None)
+
+
+def test_an_empty_secret_file_is_ignored_with_a_warning(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "token"
+    f.write_text("\n")
+    assert read_secret({"TOKEN_FILE": str(f)}, "TOKEN") == (None, None)
+    assert f"WARNING: TOKEN_FILE={f} is empty; ignoring it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("make", "why"), [
+    (lambda d: d / "missing", "No such file or directory"),
+    (lambda d: d, "Is a directory"),  # unreadable even for root
+])
+def test_an_unreadable_secret_file_is_a_config_error(tmp_path: Path, make: Callable[[Path], Path], why: str) -> None:
+    path = make(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        read_secret({"TOKEN_FILE": str(path)}, "TOKEN")
+    assert str(info.value) == f"TOKEN_FILE={path}: cannot read it ({why})"

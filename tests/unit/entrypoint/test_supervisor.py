@@ -1,0 +1,70 @@
+"""entrypoint/supervisor.py without root: the restart backoff, the stderr filter, and a bad
+setting refused before anything starts."""
+
+from __future__ import annotations
+
+import io
+import re
+import time
+
+import pytest
+import supervisor
+
+import services
+
+SPEC = services.ServiceSpec("jupyter", ("jupyter-lab",), {}, "/", {"check": "http", "port": 8888})
+
+
+def _restart(svc: supervisor.Service, ran: float, capsys: pytest.CaptureFixture[str]) -> float:
+    """Let `svc` die after running `ran` seconds; return the delay the supervisor announced."""
+    sup = object.__new__(supervisor.Supervisor)  # no __init__: it would take over this process's signals
+    svc.started_at = time.monotonic() - ran
+    before = time.monotonic()
+    sup._schedule_restart(svc, "exited with status 1")
+    err = capsys.readouterr().err
+    m = re.fullmatch(rf"\[ptmg\] WARNING: jupyter exited with status 1; restart #{svc.restarts} in (\S+) s\n", err)
+    assert m, err
+    delay = float(m.group(1))
+    assert before + delay <= svc.next_start <= time.monotonic() + delay
+    return delay
+
+
+def test_backoff_doubles_up_to_the_cap(capsys: pytest.CaptureFixture[str]) -> None:
+    svc = supervisor.Service(SPEC)
+    delays = [_restart(svc, 0.1, capsys) for _ in range(8)]
+    assert delays == [1, 2, 4, 8, 16, 30, 30, 30]
+    assert (supervisor.BACKOFF_FIRST, supervisor.BACKOFF_MAX) == (1.0, 30.0)
+    assert svc.restarts == 8 and svc.failures == 8
+
+
+def test_a_service_that_ran_long_enough_starts_over_at_one_second(capsys: pytest.CaptureFixture[str]) -> None:
+    svc = supervisor.Service(SPEC)
+    for _ in range(5):
+        _restart(svc, 0.1, capsys)
+    assert _restart(svc, supervisor.STABLE_AFTER + 1, capsys) == 1
+    assert _restart(svc, 0.1, capsys) == 2
+    assert svc.restarts == 7
+
+
+def test_filter_lines_drops_only_the_matching_lines(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    quiet = r"^Connection closed by (127\.0\.0\.1|::1) port \d+ \[preauth\]$"
+    stream = io.BytesIO(b"Server listening on 0.0.0.0 port 22.\r\n"
+                        b"Connection closed by 127.0.0.1 port 40512 [preauth]\n"
+                        b"Connection closed by 10.0.0.7 port 51000 [preauth]\n"
+                        b"Connection closed by ::1 port 40514 [preauth]\r\n"
+                        b"bad bytes \xff\n")
+    supervisor._filter_lines(stream, quiet)
+    assert capsysbinary.readouterr().err == (b"Server listening on 0.0.0.0 port 22.\r\n"
+                                             b"Connection closed by 10.0.0.7 port 51000 [preauth]\n"
+                                             b"bad bytes \xff\n")
+    assert stream.closed
+
+
+def test_a_bad_setting_exits_2_before_anything_starts(monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("JUPYTER", "maybe")
+    monkeypatch.setenv("PT_UID", "root")
+    assert supervisor.main(["true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("[ptmg] ERROR: JUPYTER='maybe' is not one of on|off; PT_UID='root' is not a number")
+    assert err.count("\n") == 1 and "README.md" in err
