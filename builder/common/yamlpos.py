@@ -234,6 +234,11 @@ def load(text: str, display: str, max_nodes: int = MAX_NODES) -> Located:
         mark = exc.problem_mark or exc.context_mark
         loc = Loc(display, mark.line + 1, mark.column + 1) if mark else Loc(display)
         raise ProblemsError([Problem(loc, f"malformed YAML: {exc.problem or 'malformed YAML'}")]) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (NUL, most controls): unmarked
+        line = text.count("\n", 0, exc.position) + 1
+        col = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise ProblemsError([Problem(Loc(display, line, col), f"malformed YAML: character U+{exc.character:04X} "
+                                     "is not allowed in YAML; is this the right file?")]) from None
     except yaml.YAMLError as exc:
         raise ProblemsError([Problem(Loc(display), f"malformed YAML: {exc}")]) from None
     conv = _Converter(display, max_nodes)
