@@ -1,0 +1,200 @@
+"""The shape of builder/, checked from the source (AST only, nothing is imported):
+
+- no import cycle between builder's modules;
+- only builder/engine talks to Docker (imports `docker`);
+- nothing outside builder/cli (and the `python -m builder` entry point) imports builder.cli:
+  the stages never reach back up to the command line;
+- no module over 400 lines (the project's rule).
+
+A failure names the modules (and, for a cycle, the whole loop)."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILDER = ROOT / "builder"
+MAX_LINES = 400
+ENTRY_POINTS = {"builder.__main__"}  # `python -m builder`: the command line's other door, like build.py
+
+#: Lazy (function-level) imports that close a loop the import-time graph does not have, each
+#: with why. An entry here that no longer exists fails the test, so fixed ones get removed.
+KNOWN_LAZY_EDGES_IN_A_LOOP = {
+    # render writes the README's verb table, and the verb list includes render itself.
+    ("builder.cli.verbs.render", "builder.cli.verbs"),
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str  # the builder module (or package) imported, or the top-level name outside builder
+    line: int
+    lazy: bool  # inside a function: runs when called, not at import time
+    type_only: bool  # under `if TYPE_CHECKING:`
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES: dict[str, Path] = {module_name(p): p for p in sorted(BUILDER.rglob("*.py"))}
+
+
+@functools.cache
+def imports_of(name: str) -> tuple[Import, ...]:
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[Import] = []
+
+    def resolve(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+        return ".".join([*anchor, *([node.module] if node.module else [])])
+
+    def add(target: str, line: int, lazy: bool, type_only: bool) -> None:
+        top = target.partition(".")[0]
+        if top != "builder":
+            target = top  # outside builder only the distribution matters: docker, yaml, ...
+        found.append(Import(target, line, lazy, type_only))
+
+    def walk(node: ast.AST, lazy: bool, type_only: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    add(alias.name, child.lineno, lazy, type_only)
+            elif isinstance(child, ast.ImportFrom):
+                base = resolve(child)
+                for alias in child.names:  # `from pkg import submodule` imports the submodule
+                    full = f"{base}.{alias.name}"
+                    add(full if full in MODULES else base, child.lineno, lazy, type_only)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                walk(child, lazy, True)
+            elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                walk(child, True, type_only)
+            else:
+                walk(child, lazy, type_only)
+
+    walk(ast.parse(path.read_text(encoding="utf-8"), str(path)), False, False)
+    return tuple(found)
+
+
+def graph(with_lazy: bool) -> dict[str, set[str]]:
+    """builder module -> the builder modules it imports when imported (and, with_lazy, when used)."""
+    return {name: {i.target for i in imports_of(name)
+                   if i.target in MODULES and i.target != name and not i.type_only and (with_lazy or not i.lazy)}
+            for name in MODULES}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """One loop (a -> ... -> a) for each strongly connected component with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def strongconnect(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                strongconnect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for v in sorted(g):
+        if v not in index:
+            strongconnect(v)
+    return [_loop(g, component) for component in components]
+
+
+def _loop(g: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A concrete path start -> ... -> start inside a strongly connected component (BFS: shortest)."""
+    start = min(component)
+    paths: dict[str, list[str]] = {start: [start]}
+    queue = [start]
+    for v in queue:
+        for w in sorted(g[v] & component):
+            if w == start:
+                return [*paths[v], start]
+            if w not in paths:
+                paths[w] = [*paths[v], w]
+                queue.append(w)
+    raise AssertionError(f"no loop in {component}")
+
+
+def _show(loops: list[list[str]]) -> str:
+    return "\n".join(" -> ".join(loop) for loop in loops)
+
+
+def _all_imports() -> Iterator[tuple[str, Import]]:
+    for name in MODULES:
+        for imp in imports_of(name):
+            yield name, imp
+
+
+# --- the checks of the checker ------------------------------------------------------------------
+def test_the_cycle_finder_finds_and_names_a_loop() -> None:
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"d"}}
+    assert cycles(g) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_walker_sees_every_kind_of_import() -> None:
+    by_target = {(i.target, i.lazy, i.type_only) for i in imports_of("builder.cli.registry")}
+    assert ("builder.cli.context", False, True) in by_target  # under TYPE_CHECKING
+    lazy = {i.target for i in imports_of("builder.cli.verbs.render") if i.lazy}
+    assert "builder.cli.verbs" in lazy
+    assert len(MODULES) > 40 and "builder.engine.docker" in MODULES and "builder" in MODULES
+
+
+# --- the rules ---------------------------------------------------------------------------------------
+def test_no_import_cycle_at_import_time() -> None:
+    loops = cycles(graph(with_lazy=False))
+    assert not loops, f"import cycles under builder/:\n{_show(loops)}"
+
+
+def test_lazy_imports_close_no_new_loop() -> None:
+    g = graph(with_lazy=True)
+    for edge in KNOWN_LAZY_EDGES_IN_A_LOOP:
+        assert edge[1] in g[edge[0]], f"{edge} is gone: remove it from KNOWN_LAZY_EDGES_IN_A_LOOP"
+        g[edge[0]].discard(edge[1])
+    loops = cycles(g)
+    assert not loops, f"import cycles under builder/ through function-level imports:\n{_show(loops)}"
+
+
+def test_only_the_engine_imports_docker() -> None:
+    bad = [f"{MODULES[name].relative_to(ROOT)}:{imp.line}" for name, imp in _all_imports()
+           if imp.target == "docker" and not name.startswith("builder.engine")]
+    assert not bad, "only builder/engine may import the docker SDK; found it in:\n" + "\n".join(bad)
+
+
+def test_no_stage_imports_the_command_line() -> None:
+    bad = [f"{MODULES[name].relative_to(ROOT)}:{imp.line} imports {imp.target}" for name, imp in _all_imports()
+           if (imp.target == "builder.cli" or imp.target.startswith("builder.cli."))
+           and not (name == "builder.cli" or name.startswith("builder.cli.")) and name not in ENTRY_POINTS]
+    assert not bad, "only builder/cli may import builder.cli:\n" + "\n".join(bad)
+
+
+def test_no_module_is_over_400_lines() -> None:
+    sizes = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in MODULES.values()}
+    big = [f"{path}: {n} lines" for path, n in sorted(sizes.items()) if n > MAX_LINES]
+    assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
