@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,11 @@ def test_inputs_hash_tracks_every_input(cell: ImageSpec, tmp_path: Path) -> None
     f.write_text("echo hi\n")
     files = inputs.context_files(tmp_path)
     h = inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
-    assert h == inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
+    # The same tree elsewhere (another checkout) hashes the same: only relative paths count.
+    elsewhere = tmp_path / "elsewhere" / "checkout"
+    shutil.copytree(tmp_path / "entrypoint", elsewhere / "entrypoint")
+    shutil.copytree(tmp_path / "smoke_tests", elsewhere / "smoke_tests")
+    assert inputs.inputs_hash("FROM x", inputs.context_files(elsewhere), "sha256:base", elsewhere) == h
     assert h != inputs.inputs_hash("FROM y", files, "sha256:base", tmp_path)
     assert h != inputs.inputs_hash("FROM x", files, "sha256:other", tmp_path)
     f.write_text("echo bye\n")

@@ -22,10 +22,12 @@ What is checked against what:
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -182,9 +184,32 @@ def test_bad_flags_are_refused(kw: dict[str, Any], match: str) -> None:
         cfg(**kw).check()
 
 
-def test_rendering_is_deterministic() -> None:
-    for target in config.TARGETS:
-        assert launch.render(target, cfg()) == launch.render(target, cfg())
+RENDER_ALL = """
+import json, sys
+from builder import launch
+from builder.launch import ImagePin, LaunchConfig, config
+cell = sys.argv[1]
+c = LaunchConfig(cell=cell, image=ImagePin(ref=f"pt-multi-gpu:{cell}", tag_ref=f"pt-multi-gpu:{cell}"), nodes=2,
+                 gpus_per_node=4, nproc_per_node=4, env=(("B", "2"), ("A", "1")))
+print(json.dumps({target: launch.render(target, c) for target in config.TARGETS}))
+"""
+
+
+def test_rendering_is_the_same_in_any_process(tmp_path: Path) -> None:
+    """Byte-identical job files from fresh interpreters (other hash seeds, other working directories)
+    and from this one."""
+
+    def fresh(seed: str, cwd: Path) -> dict[str, str]:
+        cwd.mkdir()
+        r = subprocess.run([sys.executable, "-c", RENDER_ALL, CELL], cwd=cwd, capture_output=True, text=True,
+                           timeout=120, check=True, env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(ROOT)})
+        return dict(json.loads(r.stdout))
+
+    first = fresh("1", tmp_path / "a")
+    assert sorted(first) == sorted(config.TARGETS)
+    assert fresh("2", tmp_path / "b") == first
+    here = cfg(env=(("B", "2"), ("A", "1")))
+    assert {target: launch.render(target, here) for target in config.TARGETS} == first
 
 
 # --- Kubernetes: PyTorchJob ------------------------------------------------------------------------------
