@@ -7,7 +7,7 @@ PY := $(BIN)/python
 ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit render check lint engine base doctor matrix smoke publish pictures clean
+.PHONY: help images test test-unit render check lint engine tools base doctor matrix smoke publish pictures clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -23,7 +23,11 @@ venv: $(VENV)/.installed ## create or update the virtualenv (.venv)
 engine: ## make sure a Docker engine answers (starts dockerd as root on Debian)
 	@scripts/ensure-docker.sh
 
+tools: ## install what the docker test tier drives (as root on Debian; elsewhere: says what is missing)
+	@scripts/ensure-tools.sh test
+
 images: $(VENV)/.installed engine ## build every image of images.yaml (ARGS="--only PATTERN --jobs 2 ...")
+	@scripts/ensure-tools.sh images
 	$(PY) build.py build $(ARGS)
 
 base: $(VENV)/.installed engine ## make the base images offline with debootstrap where they can't be pulled
@@ -57,12 +61,12 @@ lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered D
 	$(PY) build.py render --check
 	$(BIN)/hadolint --config .hadolint.yaml docker/*/Dockerfile
 
-test-unit: $(VENV)/.installed ## unit tests only (no Docker)
-	$(PY) -m pytest -m "not docker" $(ARGS)
+test-unit: $(VENV)/.installed ## unit tests only (no Docker; seconds)
+	$(PY) -m pytest tests/unit $(ARGS)
 
-test: $(VENV)/.installed engine ## everything: lint, unit tests, then real builds and containers
+test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real builds and containers
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest $(ARGS)
+	$(PY) -m pytest tests/unit tests/docker $(ARGS)
 
 clean: ## remove the venv and test artifacts (images stay; see `docker image ls pt-multi-gpu`)
 	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache

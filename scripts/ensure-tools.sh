@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Make sure the host tools a make target needs are installed, installing only what is missing.
+#
+#   scripts/ensure-tools.sh images          # what `make images` needs (debootstrap)
+#   scripts/ensure-tools.sh emulation       # qemu >= 10 for linux/arm64 cells, registered with binfmt_misc
+#   scripts/ensure-tools.sh test            # everything the docker test tier drives
+#
+# - As root on Debian: installs the missing packages with apt-get (qemu from bookworm-backports,
+#   since bookworm's qemu 7.2 crashes on `import torch`). Installed packages are left alone,
+#   except a qemu-user-static older than 10, which is upgraded from backports.
+# - Anywhere else: prints what is missing and the command that installs it, and exits 0. The
+#   tests that need a missing tool then fail with the same fix in their message (never a skip).
+set -euo pipefail
+
+say() { printf 'ensure-tools: %s\n' "$*" >&2; }
+QEMU_MIN_MAJOR=10
+BACKPORTS_LIST=/etc/apt/sources.list.d/pt-multi-gpu-backports.list
+
+packages_for() {
+    case "$1" in
+        images) echo "debootstrap" ;;
+        emulation) echo "qemu-user-static binfmt-support" ;;
+        # docker-registry: publish tests; docker-compose: compose.yaml; openssh-client: SSH tests;
+        # chromium: the browser test; slurm-wlm + munge: the Slurm tests; skopeo: multi-platform
+        # publish; the rest as for images and emulation.
+        test) echo "debootstrap docker-registry docker-compose openssh-client chromium slurm-wlm munge skopeo"
+              packages_for emulation ;;
+        *) say "unknown group '$1' (images, emulation, test)"; exit 2 ;;
+    esac
+}
+
+qemu_major() {
+    local exe=/usr/bin/qemu-aarch64-static
+    [ -x "$exe" ] || { echo 0; return; }
+    "$exe" --version 2>/dev/null | sed -n 's/.*version \([0-9]*\)\..*/\1/p' | head -n 1
+}
+
+is_debian_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -r /etc/debian_version ]; }
+
+missing=()
+want_qemu=false
+for group in "$@"; do
+    for pkg in $(packages_for "$group"); do
+        [ "$pkg" = qemu-user-static ] && want_qemu=true
+        dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+    done
+done
+old_qemu=false
+if $want_qemu && [ "$(qemu_major)" -lt "$QEMU_MIN_MAJOR" ] && dpkg -s qemu-user-static >/dev/null 2>&1; then
+    old_qemu=true
+fi
+
+if [ ${#missing[@]} -eq 0 ] && ! $old_qemu; then
+    $want_qemu && exec "$(dirname "$0")/register-binfmt.sh"
+    exit 0
+fi
+
+if ! is_debian_root; then
+    [ ${#missing[@]} -gt 0 ] && say "missing: ${missing[*]}; install them (Debian: apt-get install ${missing[*]}; qemu-user-static from bookworm-backports)"
+    $old_qemu && say "qemu-user-static $(qemu_major).x is too old for torch under emulation; install >= $QEMU_MIN_MAJOR (Debian: apt-get install -t bookworm-backports qemu-user-static)"
+    say "the tests that need them will fail and name the same fix"
+    exit 0
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+regular=()
+for pkg in "${missing[@]}"; do
+    [ "$pkg" = qemu-user-static ] || regular+=("$pkg")
+done
+if $want_qemu && { $old_qemu || printf '%s\n' "${missing[@]}" | grep -qx qemu-user-static; }; then
+    codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+    if [ "$codename" = bookworm ] && [ ! -f "$BACKPORTS_LIST" ] \
+            && ! grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        say "adding bookworm-backports (for qemu-user-static >= $QEMU_MIN_MAJOR) in $BACKPORTS_LIST"
+        echo "deb http://deb.debian.org/debian bookworm-backports main" > "$BACKPORTS_LIST"
+    fi
+fi
+say "installing: ${missing[*]}$($old_qemu && echo " (and qemu-user-static from backports)")"
+apt-get update -qq
+if [ ${#regular[@]} -gt 0 ]; then
+    apt-get install -y -qq --no-install-recommends "${regular[@]}" >/dev/null
+fi
+if $want_qemu && { $old_qemu || printf '%s\n' "${missing[@]}" | grep -qx qemu-user-static; }; then
+    target=()
+    grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/ && target=(-t bookworm-backports)
+    apt-get install -y -qq --no-install-recommends "${target[@]}" qemu-user-static >/dev/null
+    if [ "$(qemu_major)" -lt "$QEMU_MIN_MAJOR" ]; then
+        say "qemu-user-static is $(qemu_major).x after the install; >= $QEMU_MIN_MAJOR is needed (torch crashes under older qemu)"
+        exit 1
+    fi
+fi
+$want_qemu && exec "$(dirname "$0")/register-binfmt.sh"
+exit 0
