@@ -14,10 +14,12 @@ from typing import Any
 from builder.common.waiting import WaitTimeout, wait_until
 from builder.spec import ImageSpec, Matrix, load_matrix
 
-__all__ = ["LATEST", "MID", "OLD", "SEED_MATRIX", "WaitTimeout", "cell", "host_port", "small_matrix", "wait_until",
+__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "WaitTimeout", "cell", "host_port", "small_matrix", "wait_until",
            "write_matrix"]
 
 ROOT = Path(__file__).resolve().parents[1]
+#: DOCKER_HOST in the unit tier (tests/unit/conftest.py): a socket that is not there.
+NO_ENGINE = "unix:///nonexistent/ptmg-unit-tier-has-no-docker-engine.sock"
 
 #: The three seed cells (torch 2.0.1 with NumPy 1.x, 2.7.0, and 2.14.1: the latest), frozen here
 #: so that editing images.yaml never changes what a unit test sees.

@@ -1,0 +1,24 @@
+"""The unit tier: no Docker engine, no network, seconds.
+
+A session-wide guard points DOCKER_HOST at a socket that does not exist, so a unit test that
+reaches a real engine (directly, or through a `build.py` subprocess) fails here, as it would on
+a machine without Docker, instead of passing only where dockerd happens to run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support import NO_ENGINE
+
+
+@pytest.fixture(autouse=True, scope="session")
+def no_docker_engine() -> Iterator[None]:
+    patch = pytest.MonkeyPatch()
+    patch.setenv("DOCKER_HOST", NO_ENGINE)
+    try:
+        yield
+    finally:
+        patch.undo()
+
