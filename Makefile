@@ -57,7 +57,7 @@ check: $(VENV)/.installed ## fail if the committed Dockerfiles drift from images
 
 lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered Dockerfile
 	$(BIN)/ruff check .
-	$(BIN)/mypy
+	MYPY=$(BIN)/mypy scripts/typecheck.sh
 	$(PY) build.py render --check
 	$(BIN)/hadolint --config .hadolint.yaml docker/*/Dockerfile
 

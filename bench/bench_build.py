@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from builder.render import core_requirements  # noqa: E402
+from builder.render.dockerfile import core_requirements  # noqa: E402
 from builder.spec import load_matrix  # noqa: E402
 
 PY = sys.executable
@@ -99,7 +99,7 @@ def main() -> None:
 
     # 1. no-op rebuild of the whole matrix
     noop, rows = timed_build([])
-    statuses = {r["status"] for r in rows}
+    statuses = {str(r["status"]) for r in rows}
     out.append(f"| no-op rebuild, whole default matrix ({len(rows)} cells) | {noop:.2f} s, statuses {sorted(statuses)} "
                "| < 2 s, nothing rebuilt |")
 
@@ -146,8 +146,8 @@ def main() -> None:
         pt = OFFICIAL[key]
         print(f"| {c.name} | {size / 1e9:.2f} GB | {size / pt:.2f}x of {pt / 1e9:.2f} GB |")
     print(f"\nLargest layers of {a.cell}:\n")
-    for size, created in layer_report(spec.ref):
-        print(f"- {size}: `{created}`")
+    for layer_size, created in layer_report(spec.ref):
+        print(f"- {layer_size}: `{created}`")
     print(f"\nLargest directories in {a.cell}:\n\n```\n{dir_report(spec.ref)}\n```")
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from builder import smoke  # noqa: E402
 from builder.engine import Engine  # noqa: E402
+from builder.smoke import results, runner  # noqa: E402
 
 TARGETS = {"single": 60.0, "multi": 90.0}
 
@@ -37,13 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
 
     engine = Engine()
-    runs: dict[str, list[smoke.DDPRun]] = {"single": [], "multi": []}
+    runs: dict[str, list[results.DDPRun]] = {"single": [], "multi": []}
     try:
         for i in range(a.repeat):
             print(f"run {i + 1}/{a.repeat}: single node ...", file=sys.stderr)
-            runs["single"].append(smoke.run_single_node(engine, a.image, nproc=a.nproc))
+            runs["single"].append(runner.run_single_node(engine, a.image, nproc=a.nproc))
             print(f"run {i + 1}/{a.repeat}: {a.nodes} nodes ...", file=sys.stderr)
-            runs["multi"].append(smoke.run_multinode(engine, a.image, nodes=a.nodes, nproc_per_node=a.nproc))
+            runs["multi"].append(runner.run_multinode(engine, a.image, nodes=a.nodes, nproc_per_node=a.nproc))
     finally:
         engine.cleanup_session()
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         result = rs[-1].result
         if result is not None:
             print(f"\n### all-reduce bus bandwidth, {labels[kind]}, world size {result.world_size}\n")
-            print(smoke.busbw_markdown(result))
+            print(results.busbw_markdown(result))
     print("\nReproduce: `.venv/bin/python bench/bench_ddp.py --image IMAGE --repeat N`")
     for r in failed:
         print(r.summary(), file=sys.stderr)

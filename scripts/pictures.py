@@ -31,7 +31,8 @@ import docker.errors
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from builder.smoke import SHM_SIZE, ddp_job_args, torchrun_argv
+import ptmg_contract as contract
+from builder.smoke.torchrun import ddp_job_args, torchrun_argv
 from tests.browser import LOCAL, Chrome
 from tests.support import host_port, wait_until
 
@@ -51,7 +52,7 @@ def log(msg: str) -> None:
 def run_ddp(client: Any, image: str, runs: Path, labels: dict[str, str], steps: int) -> None:
     argv = torchrun_argv(nnodes=1, nproc_per_node=2, script_args=ddp_job_args(out=JOB_OUT, steps=steps))
     log(f"DDP job: {' '.join(argv)}")
-    c = client.containers.run(image, list(argv), detach=True, labels=labels, shm_size=SHM_SIZE,
+    c = client.containers.run(image, list(argv), detach=True, labels=labels, shm_size=contract.SMOKE_SHM_SIZE,
                               environment={"OMP_NUM_THREADS": "1"},
                               volumes={str(runs): {"bind": RUNS, "mode": "rw"}})
     code = c.wait(timeout=900)["StatusCode"]

@@ -20,6 +20,7 @@ class Context:
     config_display: str  # the matrix file as messages show it (relative to the working directory)
     source: str  # the matrix file as generated headers name it
     docker_dir: Path  # where its rendered Dockerfiles live
+    verbs: tuple[tuple[str, str], ...] = ()  # (usage, help) of every verb: the README's verb table
     _engine: Engine | None = field(default=None, repr=False)
 
     @property

@@ -60,7 +60,8 @@ def _context(args: object) -> Context:
     display = _display(config)
     matrix = load_matrix(config, display)
     cells = select(matrix.cells, getattr(args, "only", ()), getattr(args, "exclude", ()))
-    return Context(args, matrix, cells, display, source_name(config), docker_dir_for(config))  # type: ignore[arg-type]
+    return Context(args, matrix, cells, display, source_name(config), docker_dir_for(config),  # type: ignore[arg-type]
+                   verbs=tuple((v.usage, v.help) for v in VERBS))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

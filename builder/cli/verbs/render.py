@@ -24,13 +24,11 @@ def _display(ctx: Context, path: Path) -> str:
 
 
 def run(ctx: Context) -> int:
-    from builder.cli.verbs import VERBS  # the README's verb table; imported late (this module is one of them)
-
     files = list(dockerfile.plan(ctx.cells, ctx.docker_dir, ctx.source))
     whole = not ctx.args.only and not ctx.args.exclude
     stale = dockerfile.stale_dirs(ctx.matrix.cells, ctx.docker_dir) if whole else ()
     if whole and ctx.is_default:  # README, compose.yaml, devcontainer: the project's own matrix only
-        files += generated.project_files(ctx.root, ctx.matrix, [(v.usage, v.help) for v in VERBS])
+        files += generated.project_files(ctx.root, ctx.matrix, ctx.verbs)
     if ctx.args.check:
         drifted = [_display(ctx, p) for p in dockerfile.drift(files)]
         drifted += [f"{_display(ctx, d)}/ (no such cell)" for d in stale]

@@ -8,9 +8,9 @@ import re
 import time
 
 import pytest
-import supervisor
 
 import services
+import supervisor
 
 SPEC = services.ServiceSpec("jupyter", ("jupyter-lab",), {}, "/", {"check": "http", "port": 8888})
 
