@@ -111,6 +111,10 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
                 "--file", str(req.dockerfile), "--iidfile", str(iidfile)]
         if req.no_cache:
             argv.append("--no-cache")
+        if req.platform:
+            argv += ["--platform", req.platform]
+        for k, v in sorted(req.build_args.items()):
+            argv += ["--build-arg", f"{k}={v}"]
         for k, v in sorted(req.labels.items()):
             argv += ["--label", f"{k}={v}"]
         for sid, path in sorted(req.secrets.items()):

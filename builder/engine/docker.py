@@ -176,7 +176,8 @@ class Engine:
             df.flush()
             try:
                 stream = self.client.api.build(path=str(req.context), dockerfile=df.name, labels=dict(req.labels),
-                                               rm=True, forcerm=True, pull=False, nocache=req.no_cache, decode=True)
+                                               rm=True, forcerm=True, pull=False, nocache=req.no_cache, decode=True,
+                                               buildargs=dict(req.build_args), platform=req.platform)
                 for chunk in stream:
                     for line in str(chunk.get("stream", "")).splitlines():
                         log.write(line + "\n")

@@ -49,6 +49,8 @@ class BuildRequest:
     secrets: Mapping[str, Path]  # id -> file on the host
     log_path: Path
     no_cache: bool = False
+    build_args: Mapping[str, str] = field(default_factory=dict)  # --build-arg NAME=VALUE (never secrets)
+    platform: str | None = None  # --platform, e.g. linux/arm64 (BuildKit; emulated when not the host's)
 
 
 @dataclass(frozen=True)

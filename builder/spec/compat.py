@@ -98,6 +98,8 @@ class TorchRelease:
     torchvision: str | None
     torchaudio: str | None
     default_cuda: str  # CUDA of the PyPI wheel
+    aarch64_cuda: str | None  # CUDA of PyPI's linux aarch64 wheel; None: that wheel is CPU-only
+    compile_python: tuple[str, ...]  # the Pythons torch.compile supports in this release
     numpy: str | None  # pip spec needed for a working install ("<2"), or None
     variants: Mapping[str, CudaVariant]  # keyed by CUDA "12.6", ascending
 

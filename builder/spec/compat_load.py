@@ -66,7 +66,8 @@ _RE_NUMPY = re.compile(r"(~=|==|!=|<=|>=|<|>)\s*\d+(\.\d+)*(\s*,\s*(~=|==|!=|<=|
 _TOP_KEYS = frozenset({"min_driver", "releases"})
 _DRIVER_KEYS = frozenset({"minor_compat_floor", "cuda"})
 _DRIVER_CUDA_KEYS = frozenset({"min_driver", "min_driver_full"})
-_RELEASE_KEYS = frozenset({"python", "torchvision", "torchaudio", "default_cuda", "numpy", "variants"})
+_RELEASE_KEYS = frozenset({"python", "torchvision", "torchaudio", "default_cuda", "aarch64_cuda", "compile_python",
+                           "numpy", "variants"})
 _VARIANT_KEYS = frozenset({"cuda_full", "cudnn", "nccl", "source", "arch_list"})
 
 
@@ -259,6 +260,22 @@ def _build_variant(
     )
 
 
+def _python_list(errors: _Errors, data: PosDict, key: str, where: str, *, allow_empty: bool = False) -> list[str]:
+    """An ascending list of CPython minors (``['3.10', '3.11']``) at ``data[key]``."""
+    out: list[str] = []
+    raw = data[key]
+    if not isinstance(raw, list) or (not raw and not allow_empty):
+        errors.add(data.at(key), f"{where}.{key}", "must be a non-empty list like ['3.10', '3.11']")
+        return out
+    for p in raw:
+        s = _string(errors, p, f"{where}.{key}", data.at(key), _RE_PYTHON, example="3.11")
+        if s is not None:
+            out.append(s)
+    if len(set(out)) != len(out) or out != sorted(out, key=Version.parse):
+        errors.add(data.at(key), f"{where}.{key}", "must be ascending without duplicates")
+    return out
+
+
 def _build_release(
     errors: _Errors, version: str, obj: object, *, line: int | None, drivers: Mapping[str, _DriverRow]
 ) -> TorchRelease | None:
@@ -267,20 +284,15 @@ def _build_release(
     if data is None or not _check_keys(errors, data, where, _RELEASE_KEYS):
         return None
     at = data.at
-    python: list[str] = []
-    py_raw = data["python"]
-    if not isinstance(py_raw, list) or not py_raw:
-        errors.add(at("python"), f"{where}.python", "must be a non-empty list like ['3.10', '3.11']")
-    else:
-        for p in py_raw:
-            s = _string(errors, p, f"{where}.python", at("python"), _RE_PYTHON, example="3.11")
-            if s is not None:
-                python.append(s)
-        if len(set(python)) != len(python) or python != sorted(python, key=Version.parse):
-            errors.add(at("python"), f"{where}.python", "must be ascending without duplicates")
+    python = _python_list(errors, data, "python", where)
+    compile_python = _python_list(errors, data, "compile_python", where, allow_empty=True)
+    if any(p not in python for p in compile_python):
+        errors.add(at("compile_python"), f"{where}.compile_python",
+                   f"{compile_python} lists a Python without wheels (python: {python})")
     tv = _field(errors, data, "torchvision", where, _RE_RELEASE, nullable=True, example="0.22.0")
     ta = _field(errors, data, "torchaudio", where, _RE_RELEASE, nullable=True, example="2.7.0")
     default = _field(errors, data, "default_cuda", where, _RE_CUDA, example="12.6")
+    aarch64 = _field(errors, data, "aarch64_cuda", where, _RE_CUDA, nullable=True, example="13.0")
     numpy = _field(errors, data, "numpy", where, _RE_NUMPY, nullable=True, example="<2")
     variants: dict[str, CudaVariant] = {}
     vdata = _mapping(errors, data["variants"], f"{where}.variants", at("variants"))
@@ -295,6 +307,9 @@ def _build_release(
             variant = _build_variant(errors, c, vobj, where=vw, line=vdata.at(cuda), drivers=drivers)
             if variant is not None:
                 variants[c] = variant
+        if aarch64 is not None and aarch64 != default:
+            errors.add(at("aarch64_cuda"), f"{where}.aarch64_cuda",
+                       f"{aarch64!r} is not the PyPI variant {default!r} (PyPI has only one CUDA build per release)")
         if default is not None and default not in vdata:
             have = sorted(map(str, vdata))
             errors.add(at("default_cuda"), f"{where}.default_cuda", f"{default!r} is not among its variants {have}")
@@ -314,6 +329,8 @@ def _build_release(
         torchvision=tv,
         torchaudio=ta,
         default_cuda=default,
+        aarch64_cuda=aarch64,
+        compile_python=tuple(compile_python),
         numpy=numpy,
         variants=FrozenMap(sorted(variants.items(), key=lambda kv: Version.parse(kv[0]))),
     )

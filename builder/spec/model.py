@@ -22,12 +22,20 @@ BASES: Mapping[str, Mapping[str, str]] = {
     "ubuntu:24.04": {"os": "noble", "python": "3.12", "bootstrap": ""},
 }
 
-# runtime: what users train in. dev: runtime plus a C/C++ toolchain and git for
-# building extensions (the CUDA compiler is not included: see README).
+# runtime: what users train in (torch.compile included). devel: the runtime plus a CUDA
+# toolkit matching the cell's CUDA (nvcc, headers; from NVIDIA's PyPI wheels), build-essential,
+# git and ninja, for building CUDA extensions. The extra Debian packages of each flavour:
 FLAVOURS: Mapping[str, tuple[str, ...]] = {
     "runtime": (),
-    "dev": ("build-essential", "git", "ninja-build", "python3-dev"),
+    "devel": ("build-essential", "git", "ninja-build"),
 }
+
+#: Platforms a cell can target. linux/amd64 is the default; others are built under emulation
+#: on an amd64 host (qemu) and get their architecture appended to the cell name.
+DEFAULT_PLATFORM = "linux/amd64"
+PLATFORMS: Mapping[str, str] = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+#: `cuda: cpu` asks for CPU-only torch.
+CPU = "cpu"
 
 TAG_FIELDS: Mapping[str, str] = {
     "torch": "torch version, e.g. 2.7.0",
@@ -37,12 +45,13 @@ TAG_FIELDS: Mapping[str, str] = {
     "cuda_major": "CUDA major, e.g. 12",
     "cudnn": "cuDNN major, e.g. 9",
     "python": "Python major.minor",
-    "flavour": "runtime or dev",
+    "flavour": "runtime or devel",
     "os": "base OS codename, e.g. bookworm",
 }
 
 TOP_KEYS = ("repository", "tag", "defaults", "axes", "include", "exclude")
-CELL_KEYS = ("torch", "torchvision", "cuda", "cudnn", "python", "flavour", "base", "apt", "pip", "tools")
+CELL_KEYS = ("torch", "torchvision", "cuda", "cudnn", "python", "flavour", "base", "platform", "tag", "apt", "pip",
+             "tools")
 LIST_KEYS = ("apt", "pip", "tools")
 REPO_RE = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
@@ -56,14 +65,14 @@ PIP_RE = re.compile(
 class ImageSpec:
     """One validated cell of the matrix: everything later stages need, nothing more."""
 
-    name: str  # the cell id; equal to the tag
+    name: str  # the cell id: the tag, plus "-<arch>" for a platform other than linux/amd64
     repository: str
-    tag: str
+    tag: str  # what the registry calls it (one tag for every platform of a cell)
     torch: str
     torchvision: str
-    cuda: str
-    cuda_full: str
-    cudnn: str  # exact, as the wheel installs it, e.g. 9.5.1.17
+    cuda: str  # major.minor, or "cpu" for CPU-only torch
+    cuda_full: str  # "" for CPU-only torch
+    cudnn: str  # exact, as the wheel installs it, e.g. 9.5.1.17; "" for CPU-only torch
     cudnn_major: int
     nccl: str | None
     python: str
@@ -76,14 +85,43 @@ class ImageSpec:
     apt: tuple[str, ...]
     pip: tuple[str, ...]
     tools: tuple[str, ...]
-    min_driver: str
+    min_driver: str  # "" for CPU-only torch
     arch_list: tuple[str, ...]
     latest: bool
     loc: Loc
+    platform: str = DEFAULT_PLATFORM
+    compile_python: tuple[str, ...] = ()  # the Pythons torch.compile supports in this release
 
     @property
     def ref(self) -> str:
-        return f"{self.repository}:{self.tag}"
+        """The local image: repository:name (one platform per name in a local image store)."""
+        return f"{self.repository}:{self.name}"
+
+    @property
+    def arch(self) -> str:
+        return PLATFORMS[self.platform]
+
+    @property
+    def emulated(self) -> bool:
+        """Built under emulation on the usual (amd64) build hosts."""
+        return self.platform != DEFAULT_PLATFORM
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.cuda == CPU
+
+    @property
+    def compile_supported(self) -> bool:
+        """torch.compile works in this image (the release supports the image's Python)."""
+        return self.python in self.compile_python
+
+    @property
+    def compile_note(self) -> str:
+        """Why torch.compile is unavailable, or "" when it works."""
+        if self.compile_supported:
+            return ""
+        have = f"{self.compile_python[0]}-{self.compile_python[-1]}" if self.compile_python else "none recorded"
+        return f"torch {self.torch}'s torch.compile supports Python {have}, not {self.python}"
 
     def summary(self) -> dict[str, Any]:
         """The machine-readable row `build.py matrix --json` prints."""
@@ -99,9 +137,12 @@ class ImageSpec:
             "nccl": self.nccl,
             "python": self.python,
             "flavour": self.flavour,
+            "platform": self.platform,
             "base": self.base,
             "wheel_source": self.wheel_source,
             "min_driver": self.min_driver,
+            "compile": self.compile_supported,
+            "compile_note": self.compile_note,
             "latest": self.latest,
         }
 

@@ -10,22 +10,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from builder.common.versions import version_key
 from builder.common.yamlpos import Loc, Located, Path_, Problem, ProblemsError, load, read_text
-from builder.spec.compat import Compat
+from builder.spec.compat import Compat, CudaVariant, TorchRelease
 from builder.spec.compat_load import load_compat
 from builder.spec.expand import expand
 from builder.spec.model import (
     APT_RE,
     BASES,
     CELL_KEYS,
+    CPU,
+    DEFAULT_PLATFORM,
     FLAVOURS,
     LIST_KEYS,
     PIP_RE,
+    PLATFORMS,
     REPO_RE,
     TAG_FIELDS,
     TAG_RE,
@@ -129,11 +132,12 @@ class Checker:
             self.err(at("torch"), f"torch {torch} is unknown to the compatibility data; {hint}known: {known}")
             return None
 
-        cuda = fields.get("cuda", rel.default_cuda)
-        variant = rel.variants.get(cuda)
-        if variant is None:
-            have = ", ".join(sorted(rel.variants, key=version_key))
-            self.err(at("cuda"), f"torch {torch} has no CUDA {cuda} build; available: {have}")
+        platform = fields.get("platform", DEFAULT_PLATFORM)
+        if platform not in PLATFORMS:
+            self.err(at("platform"), f"unknown platform {platform!r}{_did_you_mean(platform, PLATFORMS)}; "
+                     f"valid: {', '.join(PLATFORMS)}")
+            platform = DEFAULT_PLATFORM
+        cuda, variant = self.cuda_variant(rel, platform, fields.get("cuda"), at)
         tv = fields.get("torchvision", rel.torchvision)
         if tv is None:
             self.err(at("torch"), f"torch {torch} has no matching torchvision release yet; "
@@ -158,6 +162,8 @@ class Checker:
             self.err(at("python") if "python" in fields else at("base"),
                      f"Python {python} (from base {base}) is outside torch {torch}'s range "
                      f"{rel.python[0]}-{rel.python[-1]}; pick a base whose Python is in that range")
+        if cuda == CPU and "cudnn" in fields:
+            self.err(at("cudnn"), "a CPU-only cell has no cuDNN; remove cudnn:")
         if variant is not None and "cudnn" in fields and fields["cudnn"] != str(variant.cudnn_major) \
                 and fields["cudnn"] != variant.cudnn:
             self.err(at("cudnn"), f"torch {torch} with CUDA {cuda} ships cuDNN {variant.cudnn} "
@@ -166,43 +172,99 @@ class Checker:
         if flavour not in FLAVOURS:
             self.err(at("flavour"), f"unknown flavour {flavour!r}{_did_you_mean(flavour, FLAVOURS)}; "
                      f"valid: {', '.join(FLAVOURS)}")
-        if len(self.problems) > n_before or variant is None or base_info is None or tv is None:
+        if len(self.problems) > n_before or cuda is None or base_info is None or tv is None:
             return None
 
         values = {"torch": torch, "torch_minor": ".".join(torch.split(".")[:2]), "torchvision": tv,
-                  "cuda": cuda, "cuda_major": cuda.split(".")[0], "cudnn": str(variant.cudnn_major),
+                  "cuda": cuda, "cuda_major": cuda.split(".")[0], "cudnn": str(variant.cudnn_major) if variant else "",
                   "python": python, "flavour": flavour, "os": base_info["os"]}
-        tag = (template or "").format(**values) if template else ""
-        if template and not TAG_RE.match(tag):
-            self.err(("tag",), f"tag template gives {tag!r} for this cell, which is not a valid Docker tag "
-                     "(letters, digits, '_', '.', '-'; at most 128)")
+        tag = self.tag_for(fields, at, template, values, cpu=variant is None)
+        if tag is None:
             return None
+        arch = PLATFORMS[platform]
         return ImageSpec(
-            name=tag, repository=repository, tag=tag, torch=torch, torchvision=tv, cuda=cuda,
-            cuda_full=variant.cuda_full, cudnn=variant.cudnn, cudnn_major=variant.cudnn_major,
-            nccl=variant.nccl, python=str(python), flavour=flavour, base=base, os=base_info["os"],
-            bootstrap=base_info["bootstrap"], wheel_source=variant.source, numpy=rel.numpy,
+            name=tag if platform == DEFAULT_PLATFORM else f"{tag}-{arch}", repository=repository, tag=tag,
+            torch=torch, torchvision=tv, cuda=cuda,
+            cuda_full=variant.cuda_full if variant else "", cudnn=variant.cudnn if variant else "",
+            cudnn_major=variant.cudnn_major if variant else 0, nccl=variant.nccl if variant else None,
+            python=str(python), flavour=flavour, base=base, os=base_info["os"],
+            bootstrap=base_info["bootstrap"], wheel_source=variant.source if variant else "pypi", numpy=rel.numpy,
             apt=tuple(sorted(set(fields.get("apt", ())) | set(FLAVOURS[flavour]))),
             pip=tuple(sorted(set(fields.get("pip", ())))), tools=tuple(sorted(set(fields.get("tools", ())))),
-            min_driver=variant.min_driver, arch_list=variant.arch_list, latest=False,
-            loc=self.doc.at(cell_path),
+            min_driver=variant.min_driver if variant else "", arch_list=variant.arch_list if variant else (),
+            latest=False, loc=self.doc.at(cell_path), platform=platform, compile_python=rel.compile_python,
         )
 
+    def cuda_variant(self, rel: TorchRelease, platform: str, asked: str | None,
+                     at: Callable[[str], Path_]) -> tuple[str | None, CudaVariant | None]:
+        """The cell's CUDA and its variant; ("cpu", None) for CPU-only torch; (None, None) when invalid."""
+        torch = rel.version
+        if platform == DEFAULT_PLATFORM:
+            if asked == CPU:
+                self.err(at("cuda"), f"CPU-only torch for {platform} comes from download.pytorch.org/whl/cpu, which "
+                         f"this builder does not support; pick a CUDA build: {', '.join(rel.variants)}")
+                return None, None
+            cuda = asked or rel.default_cuda
+            if cuda not in rel.variants:
+                have = ", ".join(sorted(rel.variants, key=version_key))
+                self.err(at("cuda"), f"torch {torch} has no CUDA {cuda} build; available: {have}")
+                return None, None
+            return cuda, rel.variants[cuda]
+        pypi = rel.aarch64_cuda  # the only CUDA build PyPI has for linux/arm64, or None (CPU-only wheel)
+        if asked == CPU:
+            if pypi is not None:
+                self.err(at("cuda"), f"PyPI's torch {torch} for {platform} is a CUDA {pypi} build; CPU-only torch "
+                         "comes from download.pytorch.org/whl/cpu, which this builder does not support; "
+                         "remove `cuda: cpu`")
+                return None, None
+            return CPU, None
+        if pypi is None:
+            first = next((v for v, r in self.compat.releases.items() if r.aarch64_cuda), None)
+            since = f" (PyPI's aarch64 wheels carry CUDA from torch {first} on)" if first else ""
+            self.err(at("platform"), f"torch {torch} has no CUDA build for {platform} on PyPI{since}; ask for "
+                     f"CPU-only torch with `cuda: cpu`, or pick a newer torch")
+            return None, None
+        if asked is not None and asked != pypi:
+            self.err(at("cuda"), f"torch {torch} for {platform} comes only as CUDA {pypi} on PyPI; "
+                     f"use cuda: \"{pypi}\"")
+            return None, None
+        return pypi, rel.variants[pypi]
 
-def _check_template(checker: Checker, template: Any) -> str | None:
+    def tag_for(self, fields: Mapping[str, Any], at: Callable[[str], Path_], template: str | None,
+                values: Mapping[str, str], *, cpu: bool) -> str | None:
+        """The cell's tag: its own `tag:` template, else the matrix's; None (and a problem) when invalid."""
+        own = "tag" in fields
+        if own:
+            template = _check_template(self, fields["tag"], at("tag"))
+        where = at("tag") if own else ("tag",)
+        if not template:
+            return None if own else ""
+        if cpu and "{cudnn}" in template:
+            self.err(where, "a CPU-only cell has no cuDNN: give it its own tag without {cudnn}, "
+                     "e.g. tag: \"{torch}-cpu-{flavour}\"")
+            return None
+        tag = template.format(**values)
+        if not TAG_RE.match(tag):
+            self.err(where, f"tag template gives {tag!r} for this cell, which is not a valid Docker tag "
+                     "(letters, digits, '_', '.', '-'; at most 128)")
+            return None
+        return tag
+
+
+def _check_template(checker: Checker, template: Any, where: Path_ = ("tag",)) -> str | None:
     if not isinstance(template, str) or not template.strip():
-        checker.err(("tag",), "tag must be a template text, e.g. \"{torch}-cuda{cuda}-cudnn{cudnn}-{flavour}\"")
+        checker.err(where, "tag must be a template text, e.g. \"{torch}-cuda{cuda}-cudnn{cudnn}-{flavour}\"")
         return None
     try:
         names = [f for _, f, _, _ in string.Formatter().parse(template) if f is not None]
     except ValueError as exc:
-        checker.err(("tag",), f"tag template is malformed ({exc}); placeholders look like {{torch}}")
+        checker.err(where, f"tag template is malformed ({exc}); placeholders look like {{torch}}")
         return None
     ok = True
     for name in names:
         if name not in TAG_FIELDS:
             ok = False
-            checker.err(("tag",), f"tag template has unknown placeholder {{{name}}}{_did_you_mean(name, TAG_FIELDS)}; "
+            checker.err(where, f"tag template has unknown placeholder {{{name}}}{_did_you_mean(name, TAG_FIELDS)}; "
                         f"valid: {', '.join('{' + k + '}' for k in TAG_FIELDS)}")
     return template if ok else None
 
@@ -230,26 +292,44 @@ def parse(doc: Located, compat: Compat) -> Matrix:
         checker.err((), "the matrix is empty: add cells under include:, or axes: to multiply out; "
                     "e.g. include: [{torch: \"2.7.0\"}]")
     specs: list[ImageSpec] = []
+    own_tag: set[str] = set()
     for fields, where, path in raw_cells:
         spec = checker.resolve(fields, where, path, repository, template)
         if spec is not None:
             specs.append(spec)
-
-    seen: dict[str, ImageSpec] = {}
-    for s in specs:
-        if s.tag in seen:
-            first = seen[s.tag]
-            checker.problems.append(Problem(s.loc, f"duplicate cell {s.tag!r}: the same image as the cell at "
-                                            f"line {first.loc.line}; change a version, flavour or base, or remove one"))
-        else:
-            seen[s.tag] = s
+            if "tag" in fields:
+                own_tag.add(spec.name)
+    _check_unique(checker, specs)
     if checker.problems:
         raise ProblemsError(checker.problems)
 
-    # The newest torch (then newest CUDA) is `latest`; ties on flavour prefer runtime.
-    newest = max(specs, key=lambda s: (version_key(s.torch), version_key(s.cuda), s.flavour == "runtime"))
+    # The newest torch (then newest CUDA) is `latest`; ties prefer runtime, linux/amd64 and the
+    # matrix's own tag scheme (a cell with a tag: of its own is a variant, e.g. another Python).
+    newest = max(specs, key=lambda s: (version_key(s.torch), version_key(s.cuda), s.flavour == "runtime",
+                                       s.platform == DEFAULT_PLATFORM, s.name not in own_tag))
     cells = tuple(dataclasses.replace(s, latest=s is newest) for s in specs)
     return Matrix(doc.file, repository, cells)
+
+
+def _check_unique(checker: Checker, specs: Sequence[ImageSpec]) -> None:
+    """One cell per name; cells that share a tag (one per platform) must be the same image otherwise."""
+    seen: dict[str, ImageSpec] = {}
+    by_tag: dict[str, ImageSpec] = {}
+    for s in specs:
+        if s.name in seen:
+            first = seen[s.name]
+            checker.problems.append(Problem(s.loc, f"duplicate cell {s.name!r}: the same image as the cell at "
+                                            f"line {first.loc.line}; change a version, flavour, base or platform, "
+                                            "or remove one"))
+            continue
+        seen[s.name] = s
+        other = by_tag.setdefault(s.tag, s)
+        same = ("torch", "torchvision", "cuda", "flavour", "base", "apt", "pip", "tools")
+        differs = [k for k in same if getattr(s, k) != getattr(other, k)]
+        if differs:
+            checker.problems.append(Problem(s.loc, f"tag {s.tag!r} also names the cell at line {other.loc.line}, "
+                                            f"which differs in {', '.join(differs)}; one tag is one image on each "
+                                            "platform: give this cell its own tag:"))
 
 
 def load_matrix(path: Path, display: str | None = None, compat: Compat | None = None) -> Matrix:

@@ -68,7 +68,7 @@ BAD: list[tuple[str, str, str | None, tuple[str, ...]]] = [
     ("no-torchvision-yet", GOOD.replace('torch: "2.7.0"', 'torch: "2.15.0"').replace('    torchvision: "0.22.0"\n', "")
      .replace('cuda: "12.6"', 'cuda: "13.2"'), "6:12", ("has no matching torchvision release",)),
     ("unknown-flavour", GOOD.replace("cudnn: 9", "cudnn: 9\n    flavour: devl"), "10:14",
-     ("unknown flavour 'devl'", "did you mean 'dev'")),
+     ("unknown flavour 'devl'", "did you mean 'devel'")),
     ("unknown-base", GOOD.replace("debian:bookworm-slim", "debian:bookwrm-slim"), "4:9",
      ("unknown base 'debian:bookwrm-slim'", "did you mean 'debian:bookworm-slim'")),
     ("empty-matrix", "repository: pt-multi-gpu\n", "1:1", ("the matrix is empty",)),
@@ -153,15 +153,15 @@ def test_axes_exclude_include(tmp_path: Path) -> None:
     text = textwrap.dedent("""\
         axes:
           torch: ["2.6.0", "2.7.0"]
-          flavour: [runtime, dev]
+          flavour: [runtime, devel]
         exclude:
-          - {torch: "2.6.0", flavour: dev}
+          - {torch: "2.6.0", flavour: devel}
         include:
           - {torch: "2.0.1"}
         """)
     m = load_matrix(write(tmp_path, text), "images.yaml")
     assert [c.name for c in m.cells] == [
-        "2.6.0-cuda12.4-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-dev",
+        "2.6.0-cuda12.4-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-devel",
         "2.0.1-cuda11.7-cudnn8-runtime"]
     dev = m.cells[2]
     assert "build-essential" in dev.apt

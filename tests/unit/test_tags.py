@@ -23,7 +23,7 @@ include:
     cuda: "12.6"
   - torch: "2.7.0"
     cuda: "12.6"
-    flavour: dev
+    flavour: devel
   - torch: "2.7.1"
     cuda: "12.8"
   - torch: "2.6.0"
@@ -73,8 +73,8 @@ def test_minor_tag_only_on_newest_patch_per_minor_cuda_flavour(matrix: Matrix) -
         # 2.7.1 is newer: the 2.7.0 runtime cell keeps only its own tag.
         "2.7.0-cuda12.6-cudnn9-runtime": ("2.7.0-cuda12.6-cudnn9-runtime",),
         "2.7.1-cuda12.6-cudnn9-runtime": ("2.7.1-cuda12.6-cudnn9-runtime", "2.7-cuda12.6"),
-        # Flavour is its own line (suffix), so the dev cell gets its minor tag.
-        "2.7.0-cuda12.6-cudnn9-dev": ("2.7.0-cuda12.6-cudnn9-dev", "2.7-cuda12.6-dev"),
+        # Flavour is its own line (suffix), so the devel cell gets its minor tag.
+        "2.7.0-cuda12.6-cudnn9-devel": ("2.7.0-cuda12.6-cudnn9-devel", "2.7-cuda12.6-devel"),
         # Another CUDA is another line; this cell is also images.yaml's latest.
         "2.7.1-cuda12.8-cudnn9-runtime": ("2.7.1-cuda12.8-cudnn9-runtime", "2.7-cuda12.8", "latest"),
         "2.6.0-cuda12.6-cudnn9-runtime": ("2.6.0-cuda12.6-cudnn9-runtime", "2.6-cuda12.6"),
