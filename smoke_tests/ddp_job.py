@@ -14,7 +14,9 @@ checks what a broken multi-GPU setup gets wrong:
 - all-reduce bus bandwidth by message size (computed as nccl-tests does).
 
 Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
-``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. Every
+``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. With
+``--node-out DIR`` each node's local rank 0 also writes ``DIR/node-<GROUP_RANK>.json``
+(host, ranks, its exit status): a result from every node of a multi-node job. Every
 rank exits non-zero when a check fails. A hung collective fails in bounded time:
 ``init_process_group(timeout=...)`` bounds gloo/NCCL waits and a per-rank
 watchdog names the stuck rank and phase, then exits 124.
@@ -47,6 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=os.environ.get("PTMG_DDP_OUT", DEFAULT_OUT),
                    help="results folder: result.json and tb/ (default %(default)s)")
+    p.add_argument("--node-out", default=None,
+                   help="also write NODE_OUT/node-<GROUP_RANK>.json from each node's local rank 0 (host, "
+                        "ranks, exit status): one result per node, e.g. on a folder every node shares")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="auto: nccl when a GPU is visible, else gloo")
     p.add_argument("--steps", type=int, default=60, help="training steps (default %(default)s)")
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     dog.diagnose = progress.diagnose
     dog.start()
     try:
-        return run(args, rank, local_rank, world_size, progress)
+        rc = run(args, rank, local_rank, world_size, progress)
     except Exception as exc:  # a failed collective: name the rank, the phase, the laggard
         sys.stderr.write(
             f"PTMG_DDP rank {rank} failed in {dog.current}: {type(exc).__name__}: {exc}\n"
@@ -139,9 +144,37 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as diag_exc:
             sys.stderr.write(f"PTMG_DDP rank {rank}: no diagnosis ({diag_exc})\n")
         sys.stderr.flush()
-        return 1
+        rc = 1
     finally:
         dog.stop()
+    if args.node_out and local_rank == 0:
+        write_node_result(args.node_out, node_result(rank, world_size, rc))
+    return rc
+
+
+def node_result(rank: int, world_size: int, rc: int) -> dict[str, Any]:
+    """What --node-out records for this node (torchrun's GROUP_RANK is the node's rank)."""
+    return {
+        "schema": 1,
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+        "host": socket.gethostname(),
+        "rank": rank,  # the global rank of this node's local rank 0
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "world_size": world_size,
+        "exit": rc,
+        "ok": rc == 0,
+    }
+
+
+def write_node_result(folder: str, info: dict[str, Any]) -> str:
+    """``folder/node-<node_rank>.json``, written whole or not at all."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"node-{info['node_rank']}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(info, fh, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    print(f"PTMG_DDP node {info['node_rank']} on {info['host']}: exit {info['exit']}, wrote {path}", flush=True)
+    return path
 
 
 def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
