@@ -44,6 +44,9 @@ OCI_REVISION = "org.opencontainers.image.revision"
 # --- paths in the image -----------------------------------------------------------
 PREFIX = "/opt/pt-multi-gpu"
 CONTRACT_FILE = f"{PREFIX}/ptmg_contract.py"
+#: The cell's name, one line. A Slurm node that runs the image's software directly (`build.py
+#: launch --launcher native`) must have it, with the job's cell, before the job runs there.
+CELL_FILE = f"{PREFIX}/cell"
 ENTRYPOINT_DIR = f"{PREFIX}/entrypoint"
 SMOKE_DIR = f"{PREFIX}/smoke_tests"
 START_SCRIPT = f"{ENTRYPOINT_DIR}/start.sh"

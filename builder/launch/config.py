@@ -12,7 +12,7 @@ from builder.common.errors import InputError
 from builder.smoke.torchrun import ddp_job_args
 
 TARGETS = ("slurm", "pytorchjob", "jobset")
-LAUNCHERS = ("pyxis", "apptainer", "docker")
+LAUNCHERS = ("pyxis", "apptainer", "docker", "native")
 CONTAINER = "pytorch"  # the Kubeflow training operator injects its env into the container of this name
 FILENAMES: Mapping[str, str] = {"slurm": "slurm.sbatch", "pytorchjob": "pytorchjob.yaml", "jobset": "jobset.yaml"}
 #: Shell words that stay expandable ("${VAR}") when the Slurm node script is written.
@@ -105,6 +105,7 @@ class LaunchConfig:
     name: str = "ptmg-ddp"
     command: tuple[str, ...] = ()  # torchrun's script and its args; () = the image's DDP smoke job
     launcher: str = "pyxis"
+    torch: str = ""  # the cell's torch version: what a native node must have when it lacks the cell file
     rdzv_port: int = contract.RDZV_PORT
     shm_size: str = contract.SHM_SIZE
     nccl_debug: str = "WARN"
@@ -127,6 +128,9 @@ class LaunchConfig:
             problems.append("--gpus-per-node must be >= 0")
         if self.nproc_per_node < 1:
             problems.append("--nproc-per-node must be >= 1 (with --gpus-per-node 0 give it: CPU ranks over gloo)")
+        elif self.gpus_per_node and self.nproc_per_node > self.gpus_per_node:
+            problems.append(f"--nproc-per-node {self.nproc_per_node} > --gpus-per-node {self.gpus_per_node}: NCCL "
+                            "needs one GPU per rank (default: one rank per GPU; ask for fewer, not more)")
         if not NAME_RE.match(self.name):
             problems.append(f"--name {self.name!r}: lower-case letters, digits and '-', starting with a letter, "
                             "at most 40 characters (it becomes DNS names)")
@@ -139,6 +143,9 @@ class LaunchConfig:
         problems += [f"--env {k}=...: not a variable name" for k, _ in self.env if not ENV_KEY_RE.match(k)]
         problems += [f"--mount {m!r}: SRC:/DST[:ro|rw], no spaces or quotes" for m in self.mounts
                      if not MOUNT_RE.match(m)]
+        if self.launcher == "native" and self.mounts:
+            problems.append(f"--mount {self.mounts[0]!r}: --launcher native runs no container, so there is nothing "
+                            "to mount into; mount it on the nodes, or use --launcher pyxis, apptainer or docker")
         if problems:
             raise LaunchError(*problems)
         return self

@@ -6,6 +6,7 @@ import re
 import shlex
 from collections.abc import Sequence
 
+import ptmg_contract as contract
 from builder.common.paths import template_dir
 from builder.common.templates import environment
 from builder.launch.config import FILENAMES, RDZV_ENDPOINT_VAR, RDZV_ID_VAR, SLURM_VARS, LaunchConfig, pyxis_image
@@ -37,6 +38,14 @@ def slurm_torchrun(cfg: LaunchConfig) -> str:
     launcher, job = argv[: len(argv) - len(script)], argv[len(argv) - len(script):]
     expand = (RDZV_ENDPOINT_VAR, RDZV_ID_VAR)
     return f"{shell_join(launcher, expand)} \\\n    {shell_join(job)}"
+
+
+def native_torch_globs(cfg: LaunchConfig) -> tuple[str, ...]:
+    """Where a node without the cell file must have the cell's torch (``torch-2.7.0+cu126.dist-info``)."""
+    site = f"{contract.VENV}/lib/python3*/site-packages"
+    if not cfg.torch:
+        return (f"{site}/torch-*.dist-info",)
+    return (f"{site}/torch-{cfg.torch}.dist-info", f"{site}/torch-{cfg.torch}+*.dist-info")
 
 
 def render_slurm(cfg: LaunchConfig) -> str:
@@ -71,6 +80,11 @@ def render_slurm(cfg: LaunchConfig) -> str:
         pyxis_mounts=",".join(cfg.mounts),
         shm_size=cfg.shm_size,
         docker_env=" ".join(f"-e {k}" for k in passed),
+        cell_file=contract.CELL_FILE,
+        cell_q=shlex.quote(cfg.cell),
+        torch=cfg.torch or "(any version)",
+        torch_test=" || ".join(f'compgen -G "{g}"' for g in native_torch_globs(cfg)),
+        venv=contract.VENV,
     )
 
 

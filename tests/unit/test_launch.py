@@ -13,23 +13,29 @@ What is checked against what:
   Its Job template is checked against the Kubernetes models.
 - The Slurm script by running it under bash with stand-in `scontrol`, `srun`, `docker`,
   `apptainer` and `torchrun` commands: each node must get the right rendezvous, its own node
-  rank, and (docker) every variable it needs through `-e`. A real Slurm run is in
-  tests/integration/test_slurm.py.
+  rank, and (docker) every variable it needs through `-e`; the stand-in srun drops the
+  environment as Slurm does under `sbatch --export=NONE` unless srun says `--export=ALL`; the
+  native launcher's preflight runs against a stand-in cell file and venv. Real Slurm runs are in
+  tests/docker/test_slurm.py (one node, docker launcher) and tests/docker/test_slurm_multinode.py
+  (a cluster of containers of the image, native launcher).
 - compose.yaml against the Compose Specification's JSON schema (as vendored by check-jsonschema).
 - devcontainer.json by a structural check (no devcontainer schema can be had from PyPI).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -46,9 +52,12 @@ CELL = MID
 DIGEST = "sha256:" + "ab" * 32
 
 
+TORCH = "2.7.0"  # the torch of `cfg()`'s cell, as the verb passes it
+
+
 def cfg(**kw: Any) -> LaunchConfig:
     base: dict[str, Any] = {"cell": CELL, "image": ImagePin(ref=f"pt-multi-gpu:{CELL}", tag_ref=f"pt-multi-gpu:{CELL}"),
-                            "nodes": 2, "gpus_per_node": 4, "nproc_per_node": 4}
+                            "nodes": 2, "gpus_per_node": 4, "nproc_per_node": 4, "torch": TORCH}
     base.update(kw)
     return LaunchConfig(**base)
 
@@ -178,6 +187,7 @@ def test_pyxis_spells_the_registry_with_a_hash(ref: str, want: str) -> None:
     ({"mounts": ("relative",)}, "--mount"),
     ({"env": (("1BAD", "x"),)}, "--env"),
     ({"shm_size": "lots"}, "--shm-size"),
+    ({"launcher": "native", "mounts": ("/data:/data:ro",)}, "--mount '/data:/data:ro': --launcher native runs no container"),
 ])
 def test_bad_flags_are_refused(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(LaunchError, match=match):
@@ -190,7 +200,7 @@ from builder import launch
 from builder.launch import ImagePin, LaunchConfig, config
 cell = sys.argv[1]
 c = LaunchConfig(cell=cell, image=ImagePin(ref=f"pt-multi-gpu:{cell}", tag_ref=f"pt-multi-gpu:{cell}"), nodes=2,
-                 gpus_per_node=4, nproc_per_node=4, env=(("B", "2"), ("A", "1")))
+                 gpus_per_node=4, nproc_per_node=4, torch="2.7.0", env=(("B", "2"), ("A", "1")))
 print(json.dumps({target: launch.render(target, c) for target in config.TARGETS}))
 """
 
@@ -376,13 +386,25 @@ FAKES = {
 printf 'gpu-a01\\ngpu-a02\\ngpu-a03\\n' | head -n "$SLURM_NNODES"
 """,
     # One task per node: run the command once per node with that node's SLURM_NODEID/PROCID;
-    # fail like srun does when any task failed.
+    # fail like srun does when any task failed. The tasks' environment as Slurm makes it: srun's
+    # --export, else SLURM_EXPORT_ENV (what `sbatch --export=NONE` leaves to the script), else ALL;
+    # NONE keeps only Slurm's own variables (and the stand-ins' plumbing).
     "srun": """#!/bin/bash
 echo "srun $*" >> "$FAKE_LOG"
-while [[ "$1" == --* ]]; do shift; done
+export_env=${SLURM_EXPORT_ENV:-ALL}
+while [[ "$1" == --* ]]; do
+    case "$1" in --export=*) export_env=${1#--export=} ;; esac
+    shift
+done
 rc=0
 for ((i = 0; i < SLURM_NNODES; i++)); do
-    SLURM_NODEID=$i SLURM_PROCID=$i "$@" || rc=$?
+    if [ "$export_env" = NONE ]; then
+        env -i PATH="$FAKE_BIN:/usr/bin:/bin" FAKE_LOG="$FAKE_LOG" FAKE_BIN="$FAKE_BIN" SLURM_JOB_ID="$SLURM_JOB_ID" \
+            SLURM_NNODES="$SLURM_NNODES" SLURM_JOB_NODELIST="$SLURM_JOB_NODELIST" SLURM_NODEID=$i SLURM_PROCID=$i \
+            "$@" || rc=$?
+    else
+        SLURM_NODEID=$i SLURM_PROCID=$i "$@" || rc=$?
+    fi
 done
 exit $rc
 """,
@@ -423,6 +445,20 @@ def fake_bin(tmp_path: Path) -> Iterator[Path]:
     yield bindir
 
 
+def native_node(script: str, tmp: Path, cell: str | None = CELL, torch: str | None = f"{TORCH}+cu126") -> str:
+    """The script with the image's cell file and venv moved to a stand-in node under ``tmp``: the
+    node has the cell file ``cell`` (None: none) and torch ``torch`` in its venv (None: none)."""
+    node = tmp / "node"
+    cell_file, venv = node / "cell", node / "venv"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    site.mkdir(parents=True, exist_ok=True)
+    if cell is not None:
+        cell_file.write_text(cell + "\n")
+    if torch is not None:
+        (site / f"torch-{torch}.dist-info").mkdir()
+    return script.replace(contract.CELL_FILE, str(cell_file)).replace(contract.VENV, str(venv))
+
+
 def run_sbatch(script: str, bindir: Path, tmp: Path, nodes: int, **env: str) -> tuple[int, list[str], str]:
     path = tmp / "job.sbatch"
     path.write_text(script)
@@ -433,13 +469,19 @@ def run_sbatch(script: str, bindir: Path, tmp: Path, nodes: int, **env: str) -> 
     return r.returncode, log.read_text().splitlines() if log.exists() else [], r.stderr
 
 
+def for_launcher(launcher: str, script: str, tmp: Path) -> str:
+    """The script, with a stand-in node for the native launcher (its preflight looks at the node)."""
+    return native_node(script, tmp) if launcher == "native" else script
+
+
 @pytest.mark.parametrize("launcher", config.LAUNCHERS)
 def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
         launcher: str, fake_bin: Path, tmp_path: Path) -> None:
-    c = cfg(nodes=2, launcher=launcher, mounts=("/scratch/data:/data:ro",), env=(("MY_FLAG", "a b'c"),))
+    mounts = () if launcher == "native" else ("/scratch/data:/data:ro",)
+    c = cfg(nodes=2, launcher=launcher, mounts=mounts, env=(("MY_FLAG", "a b'c"),))
     script = slurm.render_slurm(c)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
-    rc, lines, stderr = run_sbatch(script, fake_bin, tmp_path, nodes=2)
+    rc, lines, stderr = run_sbatch(for_launcher(launcher, script, tmp_path), fake_bin, tmp_path, nodes=2)
     assert rc == 0, stderr
     runs = [ln for ln in lines if ln.startswith("torchrun ")]
     assert [r.split()[1] for r in runs] == ["node=0", "node=1"], lines
@@ -448,8 +490,11 @@ def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
         assert "--nnodes 2 --nproc_per_node 4" in r
         assert f"{contract.DDP_JOB} --out" in r
     srun = next(ln for ln in lines if ln.startswith("srun "))
-    assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun
-    if launcher == "pyxis":
+    assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun and "--export=ALL" in srun
+    if launcher == "native":
+        assert srun.startswith("srun --kill-on-bad-exit=1 --export=ALL --nodes=2 --ntasks-per-node=1 bash -c ")
+        assert not any(ln.startswith(("docker ", "apptainer ")) for ln in lines) and "--container" not in srun
+    elif launcher == "pyxis":
         assert f"--container-image=pt-multi-gpu:{CELL}" in srun
         assert "--container-mounts=/scratch/data:/data:ro" in srun
     elif launcher == "apptainer":
@@ -478,10 +523,52 @@ def test_slurm_docker_passes_slurms_gpus_and_the_env(fake_bin: Path, tmp_path: P
 
 @pytest.mark.parametrize("launcher", config.LAUNCHERS)
 def test_slurm_script_fails_when_a_node_fails(launcher: str, fake_bin: Path, tmp_path: Path) -> None:
-    rc, lines, _ = run_sbatch(slurm.render_slurm(cfg(nodes=2, launcher=launcher)), fake_bin, tmp_path,
-                              nodes=2, FAKE_FAIL_NODE="1")
+    script = for_launcher(launcher, slurm.render_slurm(cfg(nodes=2, launcher=launcher)), tmp_path)
+    rc, lines, _ = run_sbatch(script, fake_bin, tmp_path, nodes=2, FAKE_FAIL_NODE="1")
     assert rc != 0
     assert sum(ln.startswith("torchrun ") for ln in lines) == 2
+
+
+@pytest.mark.parametrize("launcher", config.LAUNCHERS)
+def test_every_srun_exports_the_scripts_environment(launcher: str, fake_bin: Path, tmp_path: Path) -> None:
+    """Under `sbatch --export=NONE` (a site default at some centres) srun inherits SLURM_EXPORT_ENV=NONE
+    and its tasks would get none of PTMG_*: every srun line says --export=ALL. Without it, the
+    stand-in srun (like Slurm) starts the tasks without the script's environment and the job fails."""
+    script = slurm.render_slurm(cfg(nodes=2, launcher=launcher))
+    sruns = [ln for ln in script.splitlines() if ln.startswith("srun ")]
+    assert sruns and all(" --export=ALL " in ln for ln in sruns), sruns
+    rc, lines, stderr = run_sbatch(for_launcher(launcher, script, tmp_path), fake_bin, tmp_path, nodes=2,
+                                   SLURM_EXPORT_ENV="NONE")
+    assert rc == 0, stderr
+    assert [ln.split()[1] for ln in lines if ln.startswith("torchrun ")] == ["node=0", "node=1"], lines
+    without = tmp_path / "without"
+    without.mkdir()
+    rc, lines, _ = run_sbatch(for_launcher(launcher, script.replace(" --export=ALL", ""), without), fake_bin,
+                              without, nodes=2, SLURM_EXPORT_ENV="NONE")
+    assert rc != 0 and not any(ln.startswith("torchrun ") for ln in lines), lines
+
+
+@pytest.mark.parametrize(("cell", "torch", "runs"), [
+    (CELL, f"{TORCH}+cu126", True),   # the image's cell file
+    (CELL, None, True),               # the cell file decides, not the venv
+    (None, f"{TORCH}+cu126", True),   # an image without the cell file: its torch (local version)
+    (None, TORCH, True),              # ... or a torch without one
+    ("2.0.1-cuda11.7-cudnn8-runtime", f"{TORCH}+cu126", False),  # another cell
+    (None, "2.0.1", False),           # another torch
+    (None, f"{TORCH}1", False),       # not a prefix match: 2.7.01 is not 2.7.0
+    (None, None, False),              # no image at all
+])
+def test_native_preflight_refuses_a_node_that_does_not_run_the_image(
+        cell: str | None, torch: str | None, runs: bool, fake_bin: Path, tmp_path: Path) -> None:
+    script = native_node(slurm.render_slurm(cfg(nodes=2, launcher="native")), tmp_path, cell=cell, torch=torch)
+    rc, lines, stderr = run_sbatch(script, fake_bin, tmp_path, nodes=2)
+    torchruns = [ln for ln in lines if ln.startswith("torchrun ")]
+    if runs:
+        assert rc == 0 and len(torchruns) == 2, stderr
+    else:
+        assert rc == 127 and not torchruns, (rc, stderr)
+        assert f"this node does not run pt-multi-gpu:{CELL}" in stderr
+        assert (f"runs cell {cell} " if cell else f"no torch {TORCH} in ") in stderr
 
 
 def test_slurm_header() -> None:
@@ -489,7 +576,7 @@ def test_slurm_header() -> None:
                                    time_limit="02:00:00"))
     sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=ptmg-ddp", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1",
-                      "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
+                      "#SBATCH --no-requeue", "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
                       "#SBATCH --account=ml", "#SBATCH --output=ptmg-ddp-%j.out"]
     cpu = slurm.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="docker"))
     assert "--gpus" not in cpu
@@ -529,12 +616,25 @@ def test_verb_prints_one_cell_to_stdout(matrix_file: Path, capsys: pytest.Captur
     assert re.search(r"^    train\.py --lr 1e-3$", out, re.M)
 
 
+def test_verb_gives_the_native_preflight_the_cells_torch(matrix_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from builder.spec import load_matrix
+
+    (cell,) = [c for c in load_matrix(matrix_file).cells if c.name == CELL]
+    assert cli.main(["launch", "--config", str(matrix_file), "--target", "slurm", "--only", CELL, "--launcher",
+                     "native", "--nodes", "2", "--no-pin"]) == 0
+    out = capsys.readouterr().out
+    assert f"export PTMG_JOB_CELL={CELL}\n" in out
+    assert f"/site-packages/torch-{cell.torch}+*.dist-info" in out and f"no torch {cell.torch} in" in out
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--target", "slurm"], "cells selected"),
     (["--target", "slurm", "--only", CELL, "--gpus-per-node", "0"], "--nproc-per-node"),
     (["--target", "pytorchjob", "--only", CELL, "--name", "UPPER"], "--name"),
     (["--target", "slurm", "--only", CELL, "--command", "'unclosed"], "--command"),
     (["--target", "slurm", "--only", "no-such-cell"], "matches no cell"),
+    (["--target", "slurm", "--only", CELL, "--launcher", "native", "--mount", "/data:/data"],
+     "--mount '/data:/data': --launcher native runs no container"),
 ])
 def test_verb_refuses_bad_input_with_exit_2(argv: list[str], message: str, matrix_file: Path,
                                             capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
@@ -675,3 +775,44 @@ def test_the_devcontainer_and_compose_name_a_cell_of_the_real_images_yaml() -> N
     assert load_devcontainer()["image"].split(":", 1)[1] in tags
     default = re.search(r":-([^}]+)\}", load_compose()["services"]["pt"]["image"])
     assert default and default.group(1).split(":", 1)[1] in tags
+
+
+# --- the DDP job's result from every node (--node-out), for multi-node jobs ------------------------------------
+
+
+def _ddp_job() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("ptmg_ddp_job_node_out", ROOT / "smoke_tests" / "ddp_job.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # parses no arguments and imports no torch at import time
+    return module
+
+
+def test_ddp_job_writes_a_result_from_every_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = _ddp_job()
+    out = tmp_path / "shared"
+    env = {"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(job, "run", lambda *a, **k: 0)
+    assert job.main(["--node-out", str(out), "--phase-timeout", "30"]) == 0
+    assert json.loads((out / "node-1.json").read_text()) == {
+        "schema": 1, "node_rank": 1, "host": socket.gethostname(), "rank": 2, "local_world_size": 2,
+        "world_size": 4, "exit": 0, "ok": True}
+    assert sorted(p.name for p in out.iterdir()) == ["node-1.json"]  # written whole (no .tmp left)
+
+    def broken(*a: Any, **k: Any) -> int:
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(job, "run", broken)  # a failed collective: the node reports its exit status
+    assert job.main(["--node-out", str(out), "--phase-timeout", "30"]) == 1
+    failed = json.loads((out / "node-1.json").read_text())
+    assert failed["exit"] == 1 and failed["ok"] is False
+
+    monkeypatch.setenv("LOCAL_RANK", "1")  # only each node's local rank 0 writes
+    monkeypatch.setenv("GROUP_RANK", "0")
+    monkeypatch.setattr(job, "run", lambda *a, **k: 0)
+    assert job.main(["--node-out", str(out), "--phase-timeout", "30"]) == 0
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert job.main(["--phase-timeout", "30"]) == 0  # no --node-out: no file
+    assert not (out / "node-0.json").exists()

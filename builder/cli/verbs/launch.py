@@ -38,7 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{contract.DDP_JOB})")
     p.add_argument("--launcher", choices=LAUNCHERS, default="pyxis",
                    help="Slurm: how each node runs the image: pyxis (srun --container-image), apptainer "
-                        "(apptainer exec docker://...) or docker (docker run --network host) (default pyxis)")
+                        "(apptainer exec docker://...), docker (docker run --network host) or native (nodes whose OS "
+                        "is the image, e.g. Slurm in containers of it: srun runs the script directly) (default pyxis)")
     p.add_argument("--name", default="ptmg-ddp", type=types.text,
                    help="job name (DNS-1035, at most 40 characters; default ptmg-ddp)")
     p.add_argument("--image", default=None, type=types.text, metavar="REF",
@@ -56,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--env", action="append", default=[], type=_env_pair, metavar="KEY=VALUE",
                    help="extra environment for every node (repeatable)")
     p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]", type=types.text,
-                   help="Slurm: bind-mount a host path into the container (repeatable)")
+                   help="Slurm: bind-mount a host path into the container (repeatable; not with --launcher native)")
     p.add_argument("--time", default="01:00:00", type=types.text, help="Slurm: --time limit (default 01:00:00)")
     p.add_argument("--partition", default=None, type=types.text, help="Slurm: --partition")
     p.add_argument("--account", default=None, type=types.text, help="Slurm: --account")
@@ -95,6 +96,7 @@ def run(ctx: Context) -> int:
         cfg = LaunchConfig(
             cell=cell.name, image=_pin(ctx, ref, a.no_pin or a.dry_run), nodes=a.nodes,
             gpus_per_node=a.gpus_per_node, nproc_per_node=nproc, name=a.name, command=command, launcher=a.launcher,
+            torch=cell.torch,
             rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
             env=tuple(a.env), mounts=tuple(a.mount), time_limit=a.time, partition=a.partition, account=a.account,
             selftest_init=a.selftest_init, namespace=a.namespace, source=ctx.config_display,
@@ -123,7 +125,7 @@ def run(ctx: Context) -> int:
     return 0
 
 
-VERB = Verb("launch", "ready-to-submit multi-node jobs for Slurm (pyxis, apptainer, docker) and Kubernetes; "
+VERB = Verb("launch", "ready-to-submit multi-node jobs for Slurm (pyxis, apptainer, docker, native) and Kubernetes; "
             "see [docs/launch.md](docs/launch.md)", "launch --target slurm|pytorchjob|jobset", run, add_arguments,
             "Write ready-to-submit job definitions for the selected cell(s): a Slurm sbatch script, a Kubeflow "
             "PyTorchJob or a JobSet, pinned to the image's digest when one is known.")
