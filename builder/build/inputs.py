@@ -11,8 +11,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-#: What the Dockerfile copies from the project (mirrors .dockerignore).
-COPIED = ("ptmg_contract.py", "entrypoint", "smoke_tests")
+#: What a build can see of the project (mirrors .dockerignore): what the Dockerfile copies into
+#: the image, and imagebuild/ (build-time scripts bind-mounted into RUNs, never copied).
+COPIED = ("ptmg_contract.py", "entrypoint", "smoke_tests", "imagebuild")
 IGNORED_PARTS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache"})  # .dockerignore's exclusions
 
 
