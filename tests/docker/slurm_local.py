@@ -119,10 +119,13 @@ class LocalSlurm:
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         self._spawn("slurmd", ["slurmd", "-D", "-N", "localhost", "-f", str(self.conf)])
         try:
-            wait_until(self._node_idle, 60, interval=0.5, what="the Slurm node to be idle")
+            state = wait_until(self._node_idle, 60, interval=0.5, what="the Slurm node to be idle")
         except AssertionError as exc:
             self.stop()
             raise SlurmUnavailable(f"{exc}\n{self.logs()}") from None
+        if state != "idle":  # a daemon died: say so now, not after the timeout
+            self.stop()
+            raise SlurmUnavailable(f"{state}\n{self.logs()}")
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = (self.root / "log" / f"{name}.out").open("wb")
@@ -130,13 +133,15 @@ class LocalSlurm:
         out.close()
         self.procs.append(proc)
 
-    def _node_idle(self) -> bool:
+    def _node_idle(self) -> str | None:
+        """'idle'; a message when a daemon exited; None: not yet. (wait_until() takes an exception
+        for "not yet", so a dead daemon is returned as a value and ends the wait at once.)"""
         for p in self.procs:
             if p.poll() is not None:
-                raise SlurmUnavailable(f"{cast(list[str], p.args)[0]} exited with {p.returncode}\n{self.logs()}")
+                return f"{cast(list[str], p.args)[0]} exited with {p.returncode}"
         r = subprocess.run(["sinfo", "-h", "-n", "localhost", "-o", "%T"], env=self.env, capture_output=True,
                            text=True, timeout=10, check=False)
-        return r.stdout.strip() == "idle"
+        return "idle" if r.stdout.strip() == "idle" else None
 
     def stop(self) -> None:
         """SIGTERM each daemon this object started (by pid), SIGKILL what's left after 10 s."""
