@@ -23,8 +23,11 @@ def pytest_addoption(parser: Any) -> None:
     g = parser.getgroup("pt-multi-gpu smoke")
     g.addoption("--require-gpu", action="store_true",
                 help="a missing GPU fails the GPU checks instead of skipping them")
+    g.addoption("--require-multi-gpu", action="store_true",
+                help="with --require-gpu: one visible GPU fails the checks that need two (instead of skipping)")
     g.addoption("--nproc", type=int, default=None,
-                help="DDP ranks per node: CPU ranks for gloo (default 2); NCCL is clamped to the GPUs")
+                help="DDP ranks per node: default one per visible GPU (NCCL; more are clamped), "
+                     "else 2 CPU ranks (gloo)")
     g.addoption("--smoke-out", default=None, help="results folder (DDP result, TensorBoard events)")
     g.addoption("--expect-json", default=None,
                 help="expected versions as JSON (image labels or names); overrides PTMG_*")
@@ -43,7 +46,25 @@ def smoke(request: Any) -> SmokeConfig:
         out=out,
         expect=smokelib.load_expectations(os.environ, overrides),
         ddp_timeout=float(opt("--ddp-timeout")),
+        require_multi_gpu=bool(opt("--require-multi-gpu")),
     )
+
+
+@pytest.fixture
+def cuda_devices(smoke: SmokeConfig, torch: Any) -> int:
+    """For GPU checks in other files (test_compile.py, test_devel.py): the visible GPU count;
+    skipped with the reason when there is none, failed with --require-gpu (test_gpu's rule)."""
+    import test_gpu
+
+    test_gpu.need_gpu(smoke, torch)
+    return int(torch.cuda.device_count())
+
+
+@pytest.fixture(scope="session")
+def gpu_count() -> int:
+    """The GPUs this container sees (CUDA_VISIBLE_DEVICES already applied by CUDA)."""
+    ids = _gpu_ids()
+    return 0 if ids == ["no-gpu"] else len(ids)
 
 
 @pytest.fixture(scope="session")
@@ -63,8 +84,10 @@ def _gpu_ids() -> list[str]:
     return [f"gpu{i}" for i in range(n)] or ["no-gpu"]
 
 
-#: Run order: the quick version checks first, the torchrun launches last.
-ORDER = ("test_versions", "test_gpu", "test_ddp", "test_seeds")
+#: Run order: the quick version checks first, the torchrun launches last. test_compile and
+#: test_devel (torch.compile on the GPU, the devel flavour's kernel build) are hooks for
+#: their own files: they run after the GPU checks and before the DDP launches when present.
+ORDER = ("test_versions", "test_gpu", "test_compile", "test_devel", "test_ddp", "test_seeds")
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:

@@ -4,14 +4,21 @@
     torchrun --nnodes 2 --nproc_per_node 2 --rdzv_backend c10d \\
              --rdzv_endpoint node0:29400 --rdzv_id JOB ddp_job.py
 
-NCCL over every visible GPU (one rank per GPU) or gloo over CPU ranks. It
-trains a small model on synthetic data (DistributedSampler + set_epoch) and
-checks what a broken multi-GPU setup gets wrong:
+NCCL over every visible GPU (one rank per GPU), or gloo over CPU ranks (or over
+CUDA tensors with ``--device cuda``: two gloo ranks can share one GPU). It trains
+a small model on synthetic data (DistributedSampler + set_epoch) and checks what
+a broken multi-GPU setup gets wrong:
 
 - the global loss decreases;
 - the parameters are bitwise identical on every rank afterwards;
 - an all-reduce of known values gives the exact expected result;
-- all-reduce bus bandwidth by message size (computed as nccl-tests does).
+- all-reduce bus bandwidth by message size, measured as nccl-tests' all_reduce_perf
+  does (5 warm-ups, 20 timed iterations, sizes up to 1 GiB on GPU, time averaged
+  over ranks, the slowest rank beside it).
+
+At world size 1 the last three are trivially true (and busbw is 0), so they are
+reported as skipped ("one GPU, NCCL transport not exercised") and the verdict is
+"skipped (one GPU)", never "passed".
 
 Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
 ``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. With
@@ -19,7 +26,9 @@ Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
 (host, ranks, its exit status): a result from every node of a multi-node job. Every
 rank exits non-zero when a check fails. A hung collective fails in bounded time:
 ``init_process_group(timeout=...)`` bounds gloo/NCCL waits and a per-rank
-watchdog names the stuck rank and phase, then exits 124.
+watchdog names the stuck rank and phase, then exits 124. On NCCL the watchdog's
+deadline is set below the collective timeout (smokelib.hang_deadlines): torch's
+NCCL watchdog would otherwise abort the process first, naming no rank.
 
 Works with torch 2.0.1 and newer: it uses no API newer than that.
 """
@@ -27,7 +36,6 @@ Works with torch 2.0.1 and newer: it uses no API newer than that.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import hashlib
 import json
@@ -54,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "ranks, exit status): one result per node, e.g. on a folder every node shares")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto",
                    help="auto: nccl when a GPU is visible, else gloo")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="where tensors live: auto = cuda for nccl, cpu for gloo; gloo with cuda runs "
+                        "several ranks on one GPU")
     p.add_argument("--steps", type=int, default=60, help="training steps (default %(default)s)")
     p.add_argument("--batch", type=int, default=32, help="per-rank batch size")
     p.add_argument("--lr", type=float, default=0.05)
@@ -64,10 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=60.0,
                    help="collective timeout in seconds (init_process_group)")
     p.add_argument("--phase-timeout", type=float, default=180.0,
-                   help="watchdog: seconds one phase may take before the rank exits 124")
-    p.add_argument("--bench-sizes", default="4K,64K,1M,4M",
-                   help="all-reduce message sizes for the bus bandwidth table ('' to skip)")
-    p.add_argument("--bench-iters", type=int, default=5)
+                   help="watchdog: seconds one phase may take before the rank exits 124 (on NCCL "
+                        "capped below --timeout, so the job names the stuck rank before torch aborts)")
+    p.add_argument("--bench-sizes", default="auto",
+                   help=f"all-reduce message sizes for the bus bandwidth table ('' to skip; auto: "
+                        f"{smokelib.GPU_BENCH_SIZES} on NCCL, {smokelib.CPU_BENCH_SIZES} on gloo)")
+    p.add_argument("--bench-iters", type=int, default=smokelib.BENCH_ITERS,
+                   help="timed iterations per size (default %(default)s, as nccl-tests)")
+    p.add_argument("--bench-warmup", type=int, default=smokelib.BENCH_WARMUP,
+                   help="warm-up iterations per size (default %(default)s, as nccl-tests)")
     p.add_argument("--fault", choices=("none", "hang", "crash"), default="none",
                    help="inject a fault on --fault-rank at --fault-step (for tests)")
     p.add_argument("--fault-rank", type=int, default=1)
@@ -79,49 +95,16 @@ def log(rank: int, msg: str) -> None:
     print(f"PTMG_DDP rank {rank}: {msg}", flush=True)
 
 
-class Progress:
-    """Where each rank is, kept in the job's c10d store, so that a rank that times
-    out in a collective can name the rank it was waiting for (the laggard)."""
-
-    def __init__(self, rank: int, world_size: int, dog: smokelib.Watchdog) -> None:
-        self.rank, self.world_size, self.dog = rank, world_size, dog
-        self.store: Any = None
+class Progress(smokelib.ProgressBoard):
+    """smokelib.ProgressBoard on the job's c10d store (torchrun's rendezvous store)."""
 
     def attach(self) -> None:
-        try:  # torchrun's rendezvous store; private but stable since torch 1.x
+        try:  # private but stable since torch 1.x
             from torch.distributed import distributed_c10d
 
             self.store = distributed_c10d._get_default_store()
         except Exception:
             self.store = None
-
-    def mark(self, phase: str, step: int = 0) -> None:
-        self.dog.phase(phase)
-        if self.store is not None:
-            try:
-                self.store.set(f"ptmg/progress/{self.rank}", f"{phase}:{step}")
-            except Exception:
-                self.store = None  # the store's host is gone; keep going without it
-
-    def diagnose(self) -> str:
-        if self.store is None:
-            return f"PTMG_DDP rank {self.rank}: other ranks' progress unknown (no store)"
-        import datetime as dt
-
-        self.store.set_timeout(dt.timedelta(seconds=3))
-        seen: dict[int, str] = {}
-        for r in range(self.world_size):
-            # get() waits for a missing key until the timeout (no Store.check on torch 2.0);
-            # a rank that never reported is left out, and laggards() counts it furthest behind.
-            with contextlib.suppress(Exception):
-                seen[r] = self.store.get(f"ptmg/progress/{r}").decode()
-        late = smokelib.laggards(seen, self.world_size)
-        where = ", ".join(f"rank {r}: {seen.get(r, 'never reported')}"
-                          for r in range(self.world_size))
-        if late:
-            return (f"{smokelib.contract.DDP_STUCK_MARKER}{', '.join(map(str, late))}, furthest behind "
-                    f"(seen by rank {self.rank}; {where})")
-        return f"PTMG_DDP rank {self.rank}: all ranks at the same point ({where})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -186,19 +169,28 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     from torch.utils.data.distributed import DistributedSampler
 
     t_start = time.monotonic()
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = args.backend
     if backend == "auto":
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        backend = "nccl" if gpus else "gloo"
+    kind = args.device if args.device != "auto" else ("cuda" if backend == "nccl" else "cpu")
+    if kind == "cuda":
+        if backend == "nccl" and local_rank >= gpus:
+            raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({gpus} visible): NCCL needs one "
+                               f"GPU per rank; run at most {gpus} rank(s) per node")
+        index = smokelib.device_index(local_rank, gpus)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # N ranks share the host's cores
+    # NCCL: the job's watchdog fires before torch's NCCL watchdog would abort the process.
+    deadlines = smokelib.hang_deadlines(backend, args.timeout, args.phase_timeout)
+    progress.dog.phase("start", deadlines.watchdog_s)
 
     mark = progress.mark
     mark("init_process_group")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=args.timeout))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=deadlines.collective_s))
     progress.attach()
     assert dist.get_world_size() == world_size and dist.get_rank() == rank
 
@@ -211,7 +203,9 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     dist.all_gather(all_hosts, mine_host)
     hosts = [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in all_hosts]
     if rank == 0:
-        log(rank, f"world_size={world_size} backend={backend} hosts={hosts} torch={torch.__version__}")
+        log(rank, f"world_size={world_size} backend={backend} device={device} gpus_visible={gpus} "
+                  f"hosts={hosts} torch={torch.__version__} watchdog={deadlines.watchdog_s:g}s "
+                  f"collective_timeout={deadlines.collective_s:g}s")
 
     # -- data and model: identical on every rank (same seed), sharded by the sampler
     mark("setup")
@@ -229,7 +223,7 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     model = torch.nn.Sequential(
         torch.nn.Linear(features, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
     ).to(device)
-    ddp = DDP(model, device_ids=[local_rank] if backend == "nccl" else None)
+    ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
 
@@ -273,8 +267,8 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
             if args.step_sleep:
                 time.sleep(args.step_sleep)
         epoch += 1
-    if backend == "nccl":
-        torch.cuda.synchronize()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     train_s = time.monotonic() - t_train
 
     # -- parameters bitwise identical on every rank
@@ -301,47 +295,32 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     max_ok = maxes.item() == float(world_size - 1)
     allreduce_exact = ints_ok and floats_ok and max_ok
 
-    # -- all-reduce bandwidth by message size
-    mark("bench")
-    busbw: list[dict[str, float]] = []
-    sizes = [smokelib.parse_size(s) for s in args.bench_sizes.split(",") if s.strip()]
-    for nbytes in sizes:
-        buf = torch.ones(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        for _ in range(2):  # warm-up: connections, allocator
-            dist.all_reduce(buf)
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.bench_iters):
-            dist.all_reduce(buf)
-        if backend == "nccl":
-            torch.cuda.synchronize()
-        elapsed = torch.tensor([(time.perf_counter() - t0) / args.bench_iters], device=device,
-                               dtype=torch.float64)
-        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        seconds = float(elapsed.item())
-        alg, bus = smokelib.bus_bandwidth(buf.numel() * 4, seconds, world_size)
-        busbw.append({"bytes": buf.numel() * 4, "time_us": seconds * 1e6,
-                      "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9})
+    # -- all-reduce bandwidth by message size, the nccl-tests way
+    busbw, skipped_sizes, sizes = bench(args, dist, torch, device, backend, world_size, deadlines, mark)
 
     # -- every rank's verdict, so one bad rank fails them all
     mark("verdict")
     decreased = smokelib.loss_decreased(losses)
-    mine = torch.tensor([int(params_identical and allreduce_exact and decreased)],
-                        dtype=torch.int64, device=device)
+    checks = smokelib.ddp_checks(world_size, backend, loss_decreased=decreased, params_identical=params_identical,
+                                 allreduce_exact=allreduce_exact,
+                                 busbw_measured=bool(busbw) if sizes and len(skipped_sizes) < len(sizes) else None)
+    mine = torch.tensor([int(smokelib.FAILED not in checks.values())], dtype=torch.int64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MIN)
     ok = bool(mine.item())
+    verdict = smokelib.ddp_verdict(checks, world_size, backend) if ok else smokelib.FAILED
 
     if rank == 0:
         mark("write-result")
         assert writer is not None
         writer.close()
         result: dict[str, Any] = {
-            "schema": 1,
+            "schema": 2,
             "ok": ok,
+            "verdict": verdict,
+            "checks": checks,
             "world_size": world_size,
             "backend": backend,
+            "gpus_visible": gpus,
             "nodes": len(set(hosts)),
             "hosts": hosts,
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
@@ -356,6 +335,11 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
             "params_sha256": params_sha256,
             "allreduce_exact": allreduce_exact,
             "busbw": busbw,
+            "bench": {"op": "all_reduce", "reduce": "sum", "dtype": "float32", "in_place": True,
+                      "warmup": args.bench_warmup, "iters": args.bench_iters, "sizes": sizes,
+                      "skipped_sizes": skipped_sizes,
+                      "time": "mean per iteration, averaged over ranks (nccl-tests -a 1); slowest rank beside it"},
+            "deadlines": {"collective_s": deadlines.collective_s, "watchdog_s": deadlines.watchdog_s},
             "tensorboard_dir": os.path.join(args.out, "tb"),
             "wall_s": time.monotonic() - t_start,
         }
@@ -368,12 +352,60 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     dist.barrier()
     dist.destroy_process_group()
     if not ok:
-        sys.stderr.write(
-            f"PTMG_DDP rank {rank}: checks failed (params_identical={params_identical}, "
-            f"allreduce_exact={allreduce_exact}, loss_decreased={decreased})\n"
-        )
+        sys.stderr.write(f"PTMG_DDP rank {rank}: checks failed ({checks})\n")
         return 2
     return 0
+
+
+def bench(args: argparse.Namespace, dist: Any, torch: Any, device: Any, backend: str, world_size: int,
+          deadlines: smokelib.Deadlines, mark: Any) -> tuple[list[dict[str, float]], list[int], list[int]]:
+    """(rows, sizes skipped for time, sizes asked) of the all-reduce bus bandwidth table.
+
+    Per size, as all_reduce_perf: ``--bench-warmup`` all-reduces, then ``--bench-iters`` timed
+    ones between two device syncs; each rank's mean time per iteration is gathered, the table
+    gives the average over ranks (and the slowest). A size whose warm-ups say it would not finish
+    within half the watchdog's deadline is skipped on every rank (decided together), never timed
+    with fewer iterations. Nothing is measured at world size 1 (busbw would be 0).
+    """
+    sizes = smokelib.bench_sizes(args.bench_sizes, backend)
+    if world_size < 2:
+        return [], [], sizes
+    cuda = device.type == "cuda"
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    rows: list[dict[str, float]] = []
+    skipped: list[int] = []
+    budget = deadlines.watchdog_s / 2
+    for i, nbytes in enumerate(sizes):
+        mark("bench", i)
+        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
+        sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(args.bench_warmup):  # connections, allocator, NCCL's channels
+            dist.all_reduce(buf)
+        sync()
+        estimate = torch.tensor([(time.perf_counter() - t0) / max(1, args.bench_warmup)], dtype=torch.float64,
+                                device=device)
+        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # every rank takes the same decision
+        if not smokelib.bench_fits(float(estimate.item()), args.bench_iters, budget):
+            skipped.append(nbytes)
+            continue
+        dist.barrier()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(args.bench_iters):
+            dist.all_reduce(buf)
+        sync()
+        mine = torch.tensor([(time.perf_counter() - t0) / args.bench_iters], dtype=torch.float64, device=device)
+        every = [torch.zeros_like(mine) for _ in range(world_size)]
+        dist.all_gather(every, mine)
+        rows.append(smokelib.busbw_row(buf.numel() * 4, [float(t.item()) for t in every], world_size))
+        del buf
+    return rows, skipped, sizes
 
 
 if __name__ == "__main__":

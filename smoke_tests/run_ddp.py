@@ -2,9 +2,11 @@
 
     python run_ddp.py                     # the DDP smoke job: all GPUs (NCCL) or 2 CPU ranks (gloo)
     python run_ddp.py --nproc 4 --out /workspace/runs/ddp-smoke
+    python run_ddp.py --backend gloo --device cuda --nproc 2   # 2 gloo ranks on one GPU
     python run_ddp.py --script seeds/seed_003_simplenet_ddp.py
 
-NCCL ranks are clamped to the GPU count (NCCL refuses two ranks on one GPU).
+The ranks follow smokelib.plan_ranks: one NCCL rank per visible GPU (fewer when
+asked; more are clamped: NCCL refuses two ranks on one GPU), else 2 gloo ranks.
 torchrun's agent checks every local rank's exit code; this wrapper adds a hard
 timeout that kills the whole process group, so a hang can't outlive it.
 """
@@ -37,6 +39,7 @@ class Launch(NamedTuple):
     backend: str
     note: str
     seconds: float
+    device: str = "cpu"
 
 
 def visible_gpus() -> int:
@@ -45,13 +48,10 @@ def visible_gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def choose(nproc: int | None, backend: str = "auto") -> tuple[int, str, str]:
-    """(ranks, backend, note) for this node."""
-    gpus = visible_gpus()
-    if backend == "auto":
-        backend = "nccl" if gpus else "gloo"
-    n, note = smokelib.clamp_nproc(nproc, gpus, backend)
-    return n, backend, note
+def choose(nproc: int | None, backend: str = "auto", device: str = "auto",
+           gpus: int | None = None) -> smokelib.RankPlan:
+    """The ranks, backend and device for this node (``gpus``: default, what torch sees)."""
+    return smokelib.plan_ranks(nproc, visible_gpus() if gpus is None else gpus, backend, device)
 
 
 def torchrun_argv(nproc: int, script: str, script_args: Sequence[str]) -> list[str]:
@@ -99,17 +99,26 @@ def run_bounded(argv: Sequence[str], timeout: float, echo: bool = False,
     return rc, "".join(lines), timed_out
 
 
-def launch(nproc: int | None = None, *, backend: str = "auto", script: str = DDP_JOB,
-           script_args: Sequence[str] = (), timeout: float = 300.0, echo: bool = False) -> Launch:
-    n, backend, note = choose(nproc, backend)
+#: A timed-out NCCL collective ends the process instead of hanging it (torch 2.0 reads the
+#: first spelling, newer torch the second); the job's own watchdog fires before it.
+NCCL_ENV = {"NCCL_ASYNC_ERROR_HANDLING": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+
+
+def launch(nproc: int | None = None, *, backend: str = "auto", device: str = "auto", script: str = DDP_JOB,
+           script_args: Sequence[str] = (), timeout: float = 300.0, echo: bool = False,
+           gpus: int | None = None) -> Launch:
+    plan = choose(nproc, backend, device, gpus)
     args = list(script_args)
     if script == DDP_JOB and "--backend" not in args:
-        args = ["--backend", backend, *args]
+        args = ["--backend", plan.backend, "--device", plan.device, *args]
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    if plan.backend == "nccl":
+        for key, value in NCCL_ENV.items():
+            env.setdefault(key, value)
     t0 = time.monotonic()
-    rc, output, timed_out = run_bounded(torchrun_argv(n, script, args), timeout, echo, env)
-    return Launch(rc, output, timed_out, n, backend, note, time.monotonic() - t0)
+    rc, output, timed_out = run_bounded(torchrun_argv(plan.nproc, script, args), timeout, echo, env)
+    return Launch(rc, output, timed_out, plan.nproc, plan.backend, plan.note, time.monotonic() - t0, plan.device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,18 +126,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nproc", type=int, default=None,
                    help="ranks on this node (default: one per GPU, or 2 CPU ranks)")
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="gloo over CUDA tensors with cuda (several ranks may share one GPU)")
     p.add_argument("--script", default=DDP_JOB, help="the script torchrun runs (default: the DDP job)")
     p.add_argument("--timeout", type=float, default=300.0, help="hard limit in seconds")
     p.add_argument("script_args", nargs=argparse.REMAINDER,
                    help="arguments for the script, after --")
     a = p.parse_args(argv)
     extra = a.script_args[1:] if a.script_args[:1] == ["--"] else a.script_args
-    result = launch(a.nproc, backend=a.backend, script=a.script, script_args=extra,
+    result = launch(a.nproc, backend=a.backend, device=a.device, script=a.script, script_args=extra,
                     timeout=a.timeout, echo=True)
     if result.note:
         print(f"run_ddp: {result.note}", file=sys.stderr)
     status = "timed out" if result.timed_out else f"exit {result.returncode}"
-    print(f"run_ddp: {result.nproc} rank(s), {result.backend}, {status}, "
+    print(f"run_ddp: {result.nproc} rank(s), {result.backend} on {result.device}, {status}, "
           f"{result.seconds:.1f}s", file=sys.stderr)
     return result.returncode
 

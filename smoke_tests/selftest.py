@@ -2,6 +2,7 @@
 
     selftest                      # everything; GPU checks skip without a GPU
     selftest --require-gpu        # a missing GPU is a failure (for GPU hosts and CI)
+    selftest --require-gpu --require-multi-gpu   # and one GPU (no NCCL transport) is a failure too
     selftest --nproc 4 --junit /workspace/selftest.xml -k "not seed"
 
 Prints one line per check and a summary; exits 0 when nothing failed, 1 when
@@ -66,8 +67,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="selftest", description=__doc__.split("\n\n")[0])
     p.add_argument("--require-gpu", action="store_true",
                    help="fail (instead of skip) the GPU checks when no GPU is visible")
+    p.add_argument("--require-multi-gpu", action="store_true",
+                   help="with --require-gpu: fail, instead of skip, the DDP checks that need two GPUs when "
+                        "only one is visible (at one rank NCCL moves no byte between ranks)")
     p.add_argument("--nproc", type=int, default=None,
-                   help="DDP ranks: CPU ranks for gloo (default 2); NCCL: one per GPU, at most")
+                   help="DDP ranks: default one per visible GPU (NCCL; more are clamped to the GPUs), "
+                        "else 2 CPU ranks (gloo)")
     p.add_argument("--out", default=None,
                    help=f"results folder (default {DEFAULT_OUT}, else a temporary one)")
     p.add_argument("--junit", default=None, help="write JUnit XML here (default OUT/junit.xml)")
@@ -81,6 +86,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.nproc is not None and args.nproc < 1:
         p.error("--nproc must be >= 1")
+    if args.require_multi_gpu and not args.require_gpu:
+        p.error("--require-multi-gpu needs --require-gpu")
     return args
 
 
@@ -111,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                    "--expect-json", json.dumps(expect)]
     if args.require_gpu:
         pytest_args.append("--require-gpu")
+    if args.require_multi_gpu:
+        pytest_args.append("--require-multi-gpu")
     if args.nproc is not None:
         pytest_args += ["--nproc", str(args.nproc)]
     if args.keyword:

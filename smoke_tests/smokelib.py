@@ -7,6 +7,7 @@ module without torch installed. Code here runs inside every image, from torch
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -32,6 +33,8 @@ class SmokeConfig(NamedTuple):
     out: str
     expect: dict[str, str]
     ddp_timeout: float
+    #: A one-GPU host fails (instead of skipping) the checks that need two GPUs.
+    require_multi_gpu: bool = False
 
 
 # --- expectations ------------------------------------------------------------
@@ -193,7 +196,7 @@ def clamp_nproc(requested: int | None, gpus: int, backend: str) -> tuple[int, st
     """How many ranks one node runs, and a note when the request was changed.
 
     NCCL refuses two ranks on one GPU, so NCCL ranks are clamped to the GPU count
-    (default: one per GPU). gloo runs ``requested`` CPU ranks (default 2).
+    (default: one per GPU). gloo runs ``requested`` ranks (default 2).
     """
     if backend == "nccl":
         if gpus < 1:
@@ -207,6 +210,141 @@ def clamp_nproc(requested: int | None, gpus: int, backend: str) -> tuple[int, st
     if n < 1:
         raise ValueError(f"--nproc must be >= 1, got {n}")
     return n, ""
+
+
+class RankPlan(NamedTuple):
+    """What one node runs: ``nproc`` ranks over ``backend``, tensors on ``device``."""
+
+    nproc: int
+    backend: str  # nccl | gloo
+    device: str  # cuda | cpu
+    note: str
+
+    @property
+    def multi_rank(self) -> bool:
+        return self.nproc >= 2
+
+
+def plan_ranks(requested: int | None, gpus: int, backend: str = "auto", device: str = "auto") -> RankPlan:
+    """The one rule for ranks on a node, used by run_ddp, the selftest and (on the host side,
+    through builder.smoke.gpus) by ``build.py test`` and the launch jobs.
+
+    ``gpus`` is what this node sees (``torch.cuda.device_count()``, which already honours
+    CUDA_VISIBLE_DEVICES).
+
+    - backend auto: NCCL when a GPU is visible, else gloo.
+    - NCCL: one rank per visible GPU; fewer when asked; more is clamped (one GPU per rank).
+    - gloo: ``requested`` ranks (default 2), on the CPU; with ``device="cuda"`` the ranks keep
+      their tensors on the visible GPUs (round-robin: 2 ranks on one GPU is fine for gloo).
+    """
+    if backend == "auto":
+        backend = "nccl" if gpus > 0 else "gloo"
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"unknown backend {backend!r}")
+    if device == "auto":
+        device = "cuda" if backend == "nccl" else "cpu"
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"unknown device {device!r}")
+    if backend == "nccl" and device != "cuda":
+        raise ValueError("backend nccl moves CUDA tensors only (device cuda)")
+    if device == "cuda" and gpus < 1:
+        raise ValueError(f"backend {backend} on device cuda needs at least one visible GPU")
+    n, note = clamp_nproc(requested, gpus, backend)
+    return RankPlan(n, backend, device, note)
+
+
+def device_index(local_rank: int, gpus: int) -> int:
+    """The GPU a rank uses: its local rank (NCCL: one each); gloo ranks may share (round-robin)."""
+    if gpus < 1:
+        raise ValueError("no visible GPU")
+    return local_rank % gpus
+
+
+# --- what a DDP run can claim -----------------------------------------------------
+
+#: Why the checks that need two ranks are not a pass at world size 1.
+ONE_GPU_SKIP = "one GPU, NCCL transport not exercised"
+ONE_RANK_SKIP = "one rank, no transport exercised"
+#: The checks that only mean something with >= 2 ranks: at world size 1 identical
+#: parameters and an exact all-reduce are trivially true and bus bandwidth is 0.
+MULTI_RANK_CHECKS = ("params_identical", "allreduce_exact", "busbw")
+PASSED = "passed"
+FAILED = "failed"
+SKIPPED = "skipped"
+
+
+def single_rank_reason(world_size: int, backend: str) -> str:
+    """Why the multi-rank checks are skipped ("" when world_size >= 2)."""
+    if world_size >= 2:
+        return ""
+    return ONE_GPU_SKIP if backend == "nccl" else ONE_RANK_SKIP
+
+
+def ddp_checks(world_size: int, backend: str, *, loss_decreased: bool, params_identical: bool,
+               allreduce_exact: bool, busbw_measured: bool | None) -> dict[str, str]:
+    """Each DDP check -> ``"passed"``, ``"failed"`` or ``"skipped: <why>"``.
+
+    At world size 1 the checks of :data:`MULTI_RANK_CHECKS` are skipped, never passed.
+    ``busbw_measured`` None: no size was asked for (or none fit the deadline).
+    """
+    why = single_rank_reason(world_size, backend)
+    raw = {"loss_decreased": loss_decreased, "params_identical": params_identical,
+           "allreduce_exact": allreduce_exact, "busbw": busbw_measured}
+    out: dict[str, str] = {}
+    for name, good in raw.items():
+        if why and name in MULTI_RANK_CHECKS:
+            out[name] = f"{SKIPPED}: {why}"
+        elif good is None:
+            out[name] = f"{SKIPPED}: nothing measured (no size asked for, or none fit the deadline)"
+        else:
+            out[name] = PASSED if good else FAILED
+    return out
+
+
+def ddp_verdict(checks: Mapping[str, str], world_size: int, backend: str) -> str:
+    """``"failed"`` when a check failed; ``"skipped (one GPU)"`` / ``"skipped (one rank)"``
+    when the run had one rank (its transport never moved a byte); else ``"passed"``."""
+    if any(v == FAILED for v in checks.values()):
+        return FAILED
+    if world_size < 2:
+        return f"{SKIPPED} (one GPU)" if backend == "nccl" else f"{SKIPPED} (one rank)"
+    return PASSED
+
+
+# --- hangs ---------------------------------------------------------------------------
+
+
+class Deadlines(NamedTuple):
+    """How long a stuck collective may take before something ends the rank.
+
+    ``collective_s`` goes to ``init_process_group(timeout=...)``: torch's own limit.
+    ``watchdog_s`` is the job's per-phase :class:`Watchdog`, which names the stuck rank(s).
+    """
+
+    collective_s: float
+    watchdog_s: float
+
+
+def hang_deadlines(backend: str, collective_s: float, phase_s: float, min_margin_s: float = 1.0) -> Deadlines:
+    """The job's own deadline, chosen so that the job, not torch, reports a hang.
+
+    - gloo: a timed-out collective raises in Python, where the job names the laggard, so the
+      watchdog only has to catch what torch's timeout does not: ``phase_s``.
+    - NCCL: with async error handling on, torch's NCCL watchdog aborts the whole process when
+      a collective passes ``collective_s``, and says nothing about which rank is missing. So
+      the job's watchdog must fire first: ``min(phase_s, collective_s - margin)`` with a
+      margin of a quarter of the collective timeout (at least ``min_margin_s``).
+    """
+    if collective_s <= 0 or phase_s <= 0:
+        raise ValueError("timeouts must be positive")
+    if backend != "nccl":
+        return Deadlines(collective_s, phase_s)
+    margin = max(min_margin_s, 0.25 * collective_s)
+    watchdog = min(phase_s, collective_s - margin)
+    if watchdog < min_margin_s:
+        raise ValueError(f"--timeout {collective_s:g}s is too short for NCCL: the job's watchdog "
+                         f"needs to fire at least {margin:g}s before torch's")
+    return Deadlines(collective_s, watchdog)
 
 
 def bus_bandwidth(nbytes: int, seconds: float, world_size: int) -> tuple[float, float]:
@@ -235,6 +373,47 @@ def human_bytes(n: int) -> str:
         if n >= scale and n % scale == 0:
             return f"{n // scale} {unit}"
     return f"{n} B"
+
+
+#: The all-reduce benchmark, as nccl-tests' all_reduce_perf measures it (its defaults: -w 5
+#: warm-up and -n 20 timed iterations, float sum, time averaged over ranks: -a 1).
+BENCH_WARMUP = 5
+BENCH_ITERS = 20
+#: Sizes on NCCL go up to 1 GiB (each one a size in ``all_reduce_perf -b 8 -e 1G -f 2``'s
+#: output, so rows line up); gloo stops at 4 MiB.
+GPU_BENCH_SIZES = "1K,64K,1M,16M,256M,1G"
+CPU_BENCH_SIZES = "4K,64K,1M,4M"
+
+
+def bench_sizes(spec: str, backend: str) -> list[int]:
+    """``"auto"`` -> the default sizes for ``backend`` (NCCL: up to 1 GiB; gloo, also over CUDA
+    tensors, which it stages through host memory: up to 4 MiB); else a comma list (``""``: none)."""
+    if spec.strip() == "auto":
+        spec = GPU_BENCH_SIZES if backend == "nccl" else CPU_BENCH_SIZES
+    return [parse_size(s) for s in spec.split(",") if s.strip()]
+
+
+def busbw_row(nbytes: int, rank_seconds: Sequence[float], world_size: int) -> dict[str, float]:
+    """One size of the table from every rank's mean time per iteration.
+
+    As nccl-tests (``-a 1``): the time is the average over ranks, and algbw/busbw follow from
+    it; the slowest rank's time and the busbw it gives are reported beside it.
+    """
+    if not rank_seconds:
+        raise ValueError("no rank reported a time")
+    avg = sum(rank_seconds) / len(rank_seconds)
+    slowest = max(rank_seconds)
+    alg, bus = bus_bandwidth(nbytes, avg, world_size)
+    _, bus_slowest = bus_bandwidth(nbytes, slowest, world_size)
+    return {"bytes": nbytes, "time_us": avg * 1e6, "time_us_max": slowest * 1e6,
+            "algbw_GBps": alg / 1e9, "busbw_GBps": bus / 1e9, "busbw_GBps_min": bus_slowest / 1e9}
+
+
+def bench_fits(estimate_s: float, iters: int, budget_s: float) -> bool:
+    """Whether ``iters`` timed iterations of ~``estimate_s`` each finish within ``budget_s``
+    (the rest of the watchdog's deadline). A size that does not fit is reported as skipped,
+    never timed with fewer iterations."""
+    return estimate_s * iters <= budget_s
 
 
 def loss_decreased(losses: Sequence[float], window: int = 5, factor: float = 0.7) -> bool:
@@ -353,3 +532,45 @@ class Watchdog:
                 sys.stderr.flush()
                 sys.stdout.flush()
                 os._exit(124)
+
+
+class ProgressBoard:
+    """Where each rank is, kept in the job's c10d store, so that a rank that times out in a
+    collective (or whose watchdog fires) can name the rank it was waiting for (the laggard).
+
+    ``store`` is anything with ``set(key, value)``, ``get(key) -> bytes`` and
+    ``set_timeout(timedelta)``: torch's c10d store in the job, a dict-backed fake in tests.
+    """
+
+    def __init__(self, rank: int, world_size: int, dog: Watchdog, store: Any = None) -> None:
+        self.rank, self.world_size, self.dog = rank, world_size, dog
+        self.store: Any = store
+
+    def mark(self, phase: str, step: int = 0) -> None:
+        self.dog.phase(phase)
+        if self.store is not None:
+            try:
+                self.store.set(f"ptmg/progress/{self.rank}", f"{phase}:{step}")
+            except Exception:
+                self.store = None  # the store's host is gone; keep going without it
+
+    def diagnose(self) -> str:
+        if self.store is None:
+            return f"PTMG_DDP rank {self.rank}: other ranks' progress unknown (no store)"
+        import datetime as dt
+
+        with contextlib.suppress(Exception):
+            self.store.set_timeout(dt.timedelta(seconds=3))
+        seen: dict[int, str] = {}
+        for r in range(self.world_size):
+            # get() waits for a missing key until the timeout (no Store.check on torch 2.0);
+            # a rank that never reported is left out, and laggards() counts it furthest behind.
+            with contextlib.suppress(Exception):
+                raw = self.store.get(f"ptmg/progress/{r}")
+                seen[r] = raw.decode() if isinstance(raw, bytes) else str(raw)
+        late = laggards(seen, self.world_size)
+        where = ", ".join(f"rank {r}: {seen.get(r, 'never reported')}" for r in range(self.world_size))
+        if late:
+            return (f"{contract.DDP_STUCK_MARKER}{', '.join(map(str, late))}, furthest behind "
+                    f"(seen by rank {self.rank}; {where})")
+        return f"PTMG_DDP rank {self.rank}: all ranks at the same point ({where})"

@@ -1,24 +1,24 @@
 """The DDP job under torchrun: NCCL across every visible GPU, or gloo across CPU ranks.
 
-The job runs once per session; each of its checks is its own test id.
+The job runs once per session; each of its checks is its own test id. At world size 1
+(a one-GPU host) the checks that need two ranks are skipped with the reason ("one GPU,
+NCCL transport not exercised"), never passed; ``--require-multi-gpu`` makes that a
+failure. What one GPU can show is shown: NCCL at world size 1 (the job above), and two
+gloo ranks with CUDA tensors on that GPU (``test_gloo_cuda_two_ranks_on_one_gpu``).
 """
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Callable
-from typing import Any
 
 import pytest
+from ddp_checks import CHECKS, Job, skip_or_fail, tail
 
 import run_ddp
 import smokelib
 from smokelib import SmokeConfig
 
 pytestmark = pytest.mark.ddp
-
-Job = tuple[run_ddp.Launch, dict[str, Any] | None, str]
 
 
 @pytest.fixture(scope="session")
@@ -28,80 +28,31 @@ def ddp_job(smoke: SmokeConfig) -> Job:
     return launch, smokelib.find_result(launch.output), out
 
 
-def _tail(launch: run_ddp.Launch, lines: int = 40) -> str:
-    return "\n".join(launch.output.splitlines()[-lines:])
-
-
-def _result(job: Job) -> dict[str, Any]:
-    launch, result, _ = job
-    if result is None:
-        pytest.fail(f"the DDP job printed no result (exit {launch.returncode}, "
-                    f"{launch.nproc} ranks, {launch.backend}):\n{_tail(launch)}", pytrace=False)
-    return result
-
-
-def check_exit_code(job: Job) -> None:
-    launch = job[0]
-    assert not launch.timed_out, f"the DDP job hit the hard timeout:\n{_tail(launch)}"
-    assert launch.returncode == 0, f"torchrun exited {launch.returncode}:\n{_tail(launch)}"
-
-
-def check_world_size(job: Job) -> None:
-    assert _result(job)["world_size"] == job[0].nproc
-
-
-def check_backend(job: Job) -> None:
-    assert _result(job)["backend"] == job[0].backend
-
-
-def check_loss_decreases(job: Job) -> None:
-    r = _result(job)
-    assert r["loss_decreased"], f"loss {r['initial_loss']} -> {r['final_loss']}: did not decrease"
-
-
-def check_params_identical(job: Job) -> None:
-    assert _result(job)["params_identical"], "parameters differ between ranks after training"
-
-
-def check_allreduce_exact(job: Job) -> None:
-    assert _result(job)["allreduce_exact"], "all-reduce of known values gave a wrong result"
-
-
-def check_tensorboard_events(job: Job) -> None:
-    _result(job)
-    events = glob.glob(os.path.join(job[2], "tb", "events.out.tfevents.*"))
-    assert events and all(os.path.getsize(e) > 0 for e in events), "no TensorBoard events written"
-
-
-def check_busbw_table(job: Job) -> None:
-    rows = _result(job)["busbw"]
-    assert rows, "no all-reduce bandwidth measured"
-    for row in rows:
-        assert row["time_us"] > 0 and row["busbw_GBps"] >= 0, row
-
-
-CHECKS: dict[str, Callable[[Job], None]] = {
-    "exit-code": check_exit_code,
-    "world-size": check_world_size,
-    "backend": check_backend,
-    "loss-decreases": check_loss_decreases,
-    "params-identical": check_params_identical,
-    "allreduce-exact": check_allreduce_exact,
-    "tensorboard-events": check_tensorboard_events,
-    "busbw-table": check_busbw_table,
-}
-
-
 @pytest.mark.parametrize("check", list(CHECKS))
-def test_ddp(check: str, ddp_job: Job) -> None:
-    CHECKS[check](ddp_job)
+def test_ddp(check: str, ddp_job: Job, smoke: SmokeConfig) -> None:
+    CHECKS[check](ddp_job, smoke)
+
+
+def test_gloo_cuda_two_ranks_on_one_gpu(smoke: SmokeConfig, gpu_count: int) -> None:
+    """On one GPU NCCL can't run two ranks; gloo can, with CUDA tensors on that GPU: DDP's
+    gradient all-reduce, the identical-parameters and exact all-reduce checks across 2 ranks."""
+    if gpu_count != 1:
+        pytest.skip("only on a one-GPU host (no GPU: nothing to put tensors on; several GPUs: "
+                    "NCCL runs across them above)")
+    launch = run_ddp.launch(2, backend="gloo", device="cuda", timeout=smoke.ddp_timeout,
+                            script_args=["--out", os.path.join(smoke.out, "gloo-cuda")])
+    r = smokelib.find_result(launch.output)
+    assert launch.returncode == 0 and r is not None, f"exit {launch.returncode}:\n{tail(launch)}"
+    assert (r["world_size"], r["backend"], r["device"]) == (2, "gloo", "cuda:0"), r
+    assert r["params_identical"] and r["allreduce_exact"] and r["loss_decreased"], r["checks"]
+    assert r["verdict"] == smokelib.PASSED, r["checks"]
 
 
 def test_hang_fails_fast_and_names_the_rank(smoke: SmokeConfig) -> None:
     """A rank that stops answering fails the job in bounded time, and the log names it.
 
-    Runs on gloo over 2 CPU ranks whatever the hardware: it tests the job's timeout
-    and watchdog, which are the same for every backend.
+    On gloo over 2 CPU ranks whatever the hardware: a gloo timeout raises in Python, where
+    the job names the laggard. The NCCL path (torch would abort first) is the next test.
     """
     launch = run_ddp.launch(
         2, backend="gloo",
@@ -110,8 +61,28 @@ def test_hang_fails_fast_and_names_the_rank(smoke: SmokeConfig) -> None:
                      "--bench-sizes", ""],
         timeout=120,
     )
-    assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{_tail(launch)}"
+    assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{tail(launch)}"
     assert launch.returncode != 0, "a hung rank went unnoticed"
     assert launch.seconds < 90, f"took {launch.seconds:.0f}s to fail"
     assert f"{smokelib.contract.DDP_STUCK_MARKER}1," in launch.output, (
-        f"the stuck rank was not named:\n{_tail(launch)}")
+        f"the stuck rank was not named:\n{tail(launch)}")
+
+
+def test_nccl_hang_names_the_rank(smoke: SmokeConfig, gpu_count: int) -> None:
+    """NCCL with async error handling: torch aborts a rank whose collective passes the timeout
+    (20 s here) without naming anyone. The job's watchdog (15 s: below it) must fire first,
+    name rank 1 and exit 124."""
+    if gpu_count < 2:
+        skip_or_fail(smoke, f"needs two GPUs ({gpu_count} visible): {smokelib.ONE_GPU_SKIP}")
+    launch = run_ddp.launch(
+        2, backend="nccl",
+        script_args=["--out", os.path.join(smoke.out, "hang-nccl"), "--fault", "hang",
+                     "--fault-rank", "1", "--timeout", "20", "--phase-timeout", "60",
+                     "--bench-sizes", ""],
+        timeout=150,
+    )
+    assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{tail(launch)}"
+    assert launch.returncode != 0, "a hung rank went unnoticed"
+    assert f"{smokelib.contract.DDP_STUCK_MARKER}1," in launch.output, (
+        f"the stuck rank was not named (did torch's NCCL watchdog abort first?):\n{tail(launch)}")
+    assert "exiting 124" in launch.output, f"the job's watchdog did not fire:\n{tail(launch)}"

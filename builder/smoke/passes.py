@@ -28,6 +28,11 @@ class SmokePass:
     skipped: int
     nodes: int
     at: str
+    #: The DDP run's verdict (passed | skipped (one GPU) | skipped (one rank)), its backend and
+    #: world size: a pass on one GPU says so (older records: "").
+    ddp: str = ""
+    backend: str = ""
+    world_size: int = 0
 
 
 def _path(root: Path) -> Path:
@@ -42,8 +47,10 @@ def _load(root: Path) -> dict[str, dict[str, object]]:
     return data if isinstance(data, dict) else {}
 
 
-def record_pass(root: Path, image_id: str, cell: str, passed: int, skipped: int, nodes: int = 1) -> SmokePass:
-    rec = SmokePass(image_id, cell, passed, skipped, nodes, dt.datetime.now(dt.timezone.utc).isoformat())
+def record_pass(root: Path, image_id: str, cell: str, passed: int, skipped: int, nodes: int = 1, *,
+                ddp: str = "", backend: str = "", world_size: int = 0) -> SmokePass:
+    rec = SmokePass(image_id, cell, passed, skipped, nodes, dt.datetime.now(dt.timezone.utc).isoformat(),
+                    ddp, backend, world_size)
     data = _load(root)
     data[image_id] = asdict(rec)
     path = _path(root)

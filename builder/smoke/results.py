@@ -19,12 +19,40 @@ import ptmg_contract as contract
 
 @dataclass(frozen=True)
 class BusBandwidth:
-    """One all-reduce message size: algbw = bytes/time, busbw = algbw * 2(n-1)/n."""
+    """One all-reduce message size: algbw = bytes/time, busbw = algbw * 2(n-1)/n.
+
+    ``time_us`` is the mean time per iteration averaged over ranks (nccl-tests' default
+    ``-a 1``), ``time_us_max`` the slowest rank's, ``busbw_min_gbps`` the busbw it gives.
+    """
 
     nbytes: int
     time_us: float
     algbw_gbps: float
     busbw_gbps: float
+    time_us_max: float | None = None
+    busbw_min_gbps: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How the busbw table was measured (so a figure can sit beside all_reduce_perf's)."""
+
+    warmup: int
+    iters: int
+    sizes: tuple[int, ...]
+    skipped_sizes: tuple[int, ...] = ()
+    op: str = "all_reduce sum float32, in place"
+
+
+#: What a run can claim. A run at world size 1 moved no byte between ranks: never "passed".
+PASSED, FAILED = "passed", "failed"
+SKIPPED_ONE_GPU, SKIPPED_ONE_RANK = "skipped (one GPU)", "skipped (one rank)"
+ONE_GPU_REASON = "one GPU, NCCL transport not exercised"  # smoke_tests/smokelib.ONE_GPU_SKIP
+ONE_RANK_REASON = "one rank, no transport exercised"
+
+
+def single_rank_verdict(backend: str) -> str:
+    return SKIPPED_ONE_GPU if backend == "nccl" else SKIPPED_ONE_RANK
 
 
 @dataclass(frozen=True)
@@ -46,14 +74,20 @@ class DDPResult:
     allreduce_exact: bool
     busbw: tuple[BusBandwidth, ...]
     wall_s: float
+    verdict: str = ""  # passed | failed | skipped (one GPU) | skipped (one rank)
+    checks: tuple[tuple[str, str], ...] = ()  # (check, "passed" | "failed" | "skipped: why")
+    device: str = ""
+    bench: BenchSettings | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> DDPResult:
         try:
+            ok, world, backend = bool(data["ok"]), int(data["world_size"]), str(data["backend"])
+            bench = data.get("bench")
             return cls(
-                ok=bool(data["ok"]),
-                world_size=int(data["world_size"]),
-                backend=str(data["backend"]),
+                ok=ok,
+                world_size=world,
+                backend=backend,
                 nodes=int(data["nodes"]),
                 hosts=tuple(str(h) for h in data["hosts"]),
                 torch=str(data["torch"]),
@@ -66,13 +100,26 @@ class DDPResult:
                 allreduce_exact=bool(data["allreduce_exact"]),
                 busbw=tuple(
                     BusBandwidth(int(r["bytes"]), float(r["time_us"]), float(r["algbw_GBps"]),
-                                 float(r["busbw_GBps"]))
+                                 float(r["busbw_GBps"]), _opt_float(r.get("time_us_max")),
+                                 _opt_float(r.get("busbw_GBps_min")))
                     for r in data["busbw"]
                 ),
                 wall_s=float(data["wall_s"]),
+                # Schema 1 (older images) had no verdict: the same rule, from ok and the world size.
+                verdict=str(data.get("verdict") or (FAILED if not ok else PASSED if world >= 2
+                                                    else single_rank_verdict(backend))),
+                checks=tuple(sorted((str(k), str(v)) for k, v in dict(data.get("checks") or {}).items())),
+                device=str(data.get("device", "")),
+                bench=None if not bench else BenchSettings(
+                    int(bench["warmup"]), int(bench["iters"]), tuple(int(x) for x in bench["sizes"]),
+                    tuple(int(x) for x in bench.get("skipped_sizes", ()))),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed DDP result ({type(exc).__name__}: {exc})") from None
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -102,7 +149,11 @@ class NodeRun:
 
 @dataclass(frozen=True)
 class DDPRun:
-    """A DDP smoke run over one or more containers."""
+    """A DDP smoke run over one or more containers.
+
+    ``expect_backend``: what must have run (``nccl`` when GPUs were given: a run that fell
+    back to gloo fails). ``require_multi``: a world size of 1 fails instead of being skipped.
+    """
 
     image: str
     nodes: tuple[NodeRun, ...]
@@ -110,6 +161,8 @@ class DDPRun:
     result: DDPResult | None
     wall_s: float
     killed: str | None = None  # the node the runner killed on purpose (fault injection)
+    expect_backend: str | None = None
+    require_multi: bool = False
 
     @property
     def world_size(self) -> int:
@@ -124,26 +177,58 @@ class DDPRun:
         return first_failure(self.nodes)
 
     @property
+    def problems(self) -> tuple[str, ...]:
+        """Why the run failed; empty when nothing failed (a one-rank run is skipped, not failed)."""
+        out = [n.describe() for n in self.failed_nodes]
+        r = self.result
+        if r is None:
+            return (*out, "no DDP result was printed")
+        if not r.ok or r.verdict == FAILED:
+            bad = [name for name, state in r.checks if state == FAILED]
+            out.append(f"checks failed: {', '.join(bad) or 'see the log'}")
+        if r.world_size != self.world_size:
+            out.append(f"world size {r.world_size}, expected {self.world_size}")
+        if self.expect_backend and r.backend != self.expect_backend:
+            out.append(f"backend {r.backend} ran where {self.expect_backend} was required (GPUs were given: "
+                       "a fall-back to gloo is not a GPU pass)")
+        if self.require_multi and r.world_size < 2:
+            out.append(f"--require-multi-gpu: world size {r.world_size} "
+                       f"({ONE_GPU_REASON if r.backend == 'nccl' else ONE_RANK_REASON})")
+        return tuple(out)
+
+    @property
+    def verdict(self) -> str:
+        """``passed``, ``failed``, or ``skipped (one GPU)`` / ``skipped (one rank)``: never a
+        pass for a run whose transport moved no byte between ranks."""
+        if self.problems:
+            return FAILED
+        assert self.result is not None
+        return PASSED if self.result.world_size >= 2 else single_rank_verdict(self.result.backend)
+
+    @property
     def ok(self) -> bool:
-        return (
-            not self.failed_nodes
-            and self.result is not None
-            and self.result.ok
-            and self.result.world_size == self.world_size
-        )
+        """Nothing failed (a skipped one-rank run is ok, but not :attr:`passed`)."""
+        return not self.problems
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASSED
 
     def summary(self) -> str:
+        verdict = self.verdict
+        word = {PASSED: "PASS", FAILED: "FAIL"}.get(verdict, verdict.upper())
         head = (f"DDP {len(self.nodes)} node(s) x {self.nproc_per_node} rank(s) on {self.image}: "
-                f"{'PASS' if self.ok else 'FAIL'} in {self.wall_s:.1f}s")
+                f"{word} in {self.wall_s:.1f}s")
         lines = [head]
         if self.result is not None:
             r = self.result
-            lines.append(f"  world size {r.world_size} ({r.backend}, {r.nodes} host(s)), "
-                         f"loss {r.initial_loss:.4g} -> {r.final_loss:.4g}, "
+            lines.append(f"  world size {r.world_size} ({r.backend}{' on ' + r.device if r.device else ''}, "
+                         f"{r.nodes} host(s)), loss {r.initial_loss:.4g} -> {r.final_loss:.4g}, "
                          f"{r.steps_per_s:.1f} steps/s, params identical: {r.params_identical}, "
                          f"all-reduce exact: {r.allreduce_exact}")
-        else:
-            lines.append("  no DDP result was printed")
+            skipped = [f"{name}: {state}" for name, state in r.checks if state.startswith("skipped")]
+            lines += [f"  {s}" for s in skipped]
+        lines += [f"  {p}" for p in self.problems if not p.startswith(tuple(n.name + ":" for n in self.nodes))]
         lines += [f"  {n.describe()}" for n in self.nodes]
         culprit = self.culprit
         if culprit is not None:
@@ -269,11 +354,23 @@ def expect_labels(labels: Mapping[str, str]) -> dict[str, str]:
 
 
 def busbw_markdown(result: DDPResult) -> str:
-    """The all-reduce bandwidth table, as nccl-tests reports it, in Markdown."""
-    rows = ["| size | time (us) | algbw (GB/s) | busbw (GB/s) |", "|---:|---:|---:|---:|"]
+    """The all-reduce bandwidth table in Markdown, with how it was measured above it."""
+    rows = []
+    b = result.bench
+    if b is not None:
+        rows += [f"{b.op}; {b.warmup} warm-up + {b.iters} timed iterations per size; sizes "
+                 f"{', '.join(_human_bytes(n) for n in b.sizes)}"
+                 + (f" (skipped, too slow for the deadline: {', '.join(_human_bytes(n) for n in b.skipped_sizes)})"
+                    if b.skipped_sizes else "")
+                 + f"; world size {result.world_size}, {result.backend}. Time: average over ranks "
+                 "(nccl-tests -a 1); the slowest rank beside it.", ""]
+    rows += ["| size | time avg (us) | time max (us) | algbw (GB/s) | busbw (GB/s) | busbw slowest rank (GB/s) |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for r in result.busbw:
-        rows.append(f"| {_human_bytes(r.nbytes)} | {r.time_us:.1f} | {r.algbw_gbps:.3f} | "
-                    f"{r.busbw_gbps:.3f} |")
+        slow = "-" if r.time_us_max is None else f"{r.time_us_max:.1f}"
+        slow_bus = "-" if r.busbw_min_gbps is None else f"{r.busbw_min_gbps:.3f}"
+        rows.append(f"| {_human_bytes(r.nbytes)} | {r.time_us:.1f} | {slow} | {r.algbw_gbps:.3f} | "
+                    f"{r.busbw_gbps:.3f} | {slow_bus} |")
     return "\n".join(rows)
 
 

@@ -12,6 +12,9 @@ bare ``wait``), and removes its containers and network, also on failure.
     one = run_single_node(engine, image)                 # torchrun --standalone, 2 CPU ranks
     two = run_multinode(engine, image, nodes=2, nproc_per_node=2)   # world size 4
     print(two.summary())
+
+    plan = gpus.plan_run(gpu_ids, nodes=2, requested=None)   # every visible GPU, split per node
+    run = run_plan(engine, image, plan)                  # NCCL; a gloo fall-back fails
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.common.waiting import WaitTimeout, wait_until
 from builder.engine import Container, Engine, RunResult
+from builder.smoke.gpus import RunPlan
 from builder.smoke.results import (
     DDPRun,
     NodeRun,
@@ -83,14 +87,17 @@ def run_selftest(
     *,
     args: Sequence[str] = (),
     gpus: bool = False,
+    gpu_ids: Sequence[str] | None = None,
+    require_multi_gpu: bool = False,
     timeout: float = 900.0,
     expect: Mapping[str, str] | None = None,
 ) -> SelftestRun:
     """``docker run IMAGE selftest ...`` and collect its JUnit XML.
 
     ``expect`` defaults to the image's own ``io.pt-multi-gpu.*`` labels, so the
-    versions are checked against what the image claims. ``gpus`` adds
-    ``--gpus all`` and ``--require-gpu``.
+    versions are checked against what the image claims. ``gpus`` adds the GPUs
+    (``gpu_ids``, default all) and ``--require-gpu``; ``require_multi_gpu`` makes a
+    one-GPU container fail the checks that need two.
     """
     labels = expect_labels(engine.image_labels(image)) if expect is None else dict(expect)
     junit_path = f"{IN_CONTAINER_OUT}/junit.xml"
@@ -98,10 +105,13 @@ def run_selftest(
                "--expect-json", json.dumps(labels, sort_keys=True), "--timeout", "300"]
     if gpus:
         command.append("--require-gpu")
+        if require_multi_gpu:
+            command.append("--require-multi-gpu")
     command += list(args)
     kwargs: dict[str, Any] = {"shm_size": contract.SMOKE_SHM_SIZE}
     if gpus:
-        kwargs["device_requests"] = _gpu_request(None)
+        kwargs["device_requests"] = _gpu_request(gpu_ids)
+        kwargs["environment"] = dict(contract.NCCL_ASYNC_ENV)
     t0 = time.monotonic()
     container = engine.start(image, command, extra_labels={contract.LABEL_SMOKE: "selftest"},
                              **kwargs)
@@ -123,17 +133,21 @@ def run_single_node(
     *,
     nproc: int = 2,
     gpus: bool = False,
+    gpu_ids: Sequence[str] | None = None,
+    require_multi: bool = False,
     steps: int = 60,
     timeout: float = 300.0,
     job_extra: Sequence[str] = (),
 ) -> DDPRun:
     """One container, ``torchrun --standalone``: ``nproc`` CPU ranks (gloo), or with
-    ``gpus`` one rank per GPU over NCCL (``nproc`` must not exceed the GPUs)."""
+    ``gpus`` one NCCL rank per GPU (``gpu_ids``, default all: ``nproc`` must match them,
+    see :func:`builder.smoke.gpus.plan_run`); a run that fell back to gloo then fails."""
     argv = torchrun_argv(nnodes=1, nproc_per_node=nproc,
                          script_args=ddp_job_args(steps=steps, extra=job_extra))
-    kwargs: dict[str, Any] = {"shm_size": contract.SMOKE_SHM_SIZE, "environment": {"OMP_NUM_THREADS": "1"}}
+    env = {"OMP_NUM_THREADS": "1", **(contract.NCCL_ASYNC_ENV if gpus else {})}
+    kwargs: dict[str, Any] = {"shm_size": contract.SMOKE_SHM_SIZE, "environment": env}
     if gpus:
-        kwargs["device_requests"] = _gpu_request(None)
+        kwargs["device_requests"] = _gpu_request(gpu_ids)
     t0 = time.monotonic()
     container = engine.start(image, list(argv), extra_labels={contract.LABEL_SMOKE: "ddp"},
                              **kwargs)
@@ -141,7 +155,18 @@ def run_single_node(
         node = _node_run(engine, container, "node0", engine.wait(container, timeout))
     finally:
         engine.remove(container)
-    return DDPRun(image, (node,), nproc, find_ddp_result([node.log]), time.monotonic() - t0)
+    return DDPRun(image, (node,), nproc, find_ddp_result([node.log]), time.monotonic() - t0,
+                  expect_backend="nccl" if gpus else "gloo", require_multi=require_multi)
+
+
+def run_plan(engine: Engine, image: str, plan: RunPlan, *, require_multi: bool = False,
+             timeout: float = 300.0) -> DDPRun:
+    """The DDP run a :class:`RunPlan` describes: one container, or ``plan.nodes`` on a network."""
+    if plan.nodes == 1:
+        return run_single_node(engine, image, nproc=plan.nproc_per_node, gpus=plan.node_gpus is not None,
+                               gpu_ids=plan.gpu_ids, require_multi=require_multi, timeout=timeout)
+    return run_multinode(engine, image, nodes=plan.nodes, nproc_per_node=plan.nproc_per_node,
+                         gpu_ids=plan.node_gpus, require_multi=require_multi, timeout=timeout)
 
 
 def run_multinode(
@@ -151,6 +176,7 @@ def run_multinode(
     nodes: int = 2,
     nproc_per_node: int = 2,
     gpu_ids: Sequence[Sequence[str]] | None = None,
+    require_multi: bool = False,
     steps: int = 60,
     timeout: float = 300.0,
     collective_timeout_s: float = 60.0,
@@ -160,8 +186,9 @@ def run_multinode(
     """K containers (``node0`` .. ``nodeK-1``) on a private, labelled Docker network,
     each running torchrun with a c10d rendezvous at ``node0:29400``.
 
-    ``gpu_ids`` gives each node its GPUs (see :func:`split_gpus`); without it the
-    ranks are CPU ranks over gloo. ``kill`` SIGKILLs one node mid-training: the
+    ``gpu_ids`` gives each node its GPUs (see :func:`builder.smoke.gpus.plan_run`):
+    every node container gets its own, the job must then run NCCL (a gloo fall-back
+    fails); without it the ranks are CPU ranks over gloo. ``kill`` SIGKILLs one node mid-training: the
     survivors must then fail within ``collective_timeout_s`` (plus start-up), and
     :attr:`DDPRun.culprit` names the node that died first.
     """
@@ -221,4 +248,5 @@ def run_multinode(
         raise SmokeError(f"the fault was never injected: no node printed {kill.when!r} within "
                          f"{kill.within_s:g}s; logs:\n" + "\n".join(n.log[-2000:] for n in runs))
     return DDPRun(image, tuple(runs), nproc_per_node, find_ddp_result([n.log for n in runs]),
-                  time.monotonic() - t0, killed)
+                  time.monotonic() - t0, killed, expect_backend="gloo" if gpu_ids is None else "nccl",
+                  require_multi=require_multi)

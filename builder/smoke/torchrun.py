@@ -47,13 +47,16 @@ def ddp_job_args(
     steps: int = 60,
     timeout_s: float = 60.0,
     phase_timeout_s: float = 120.0,
-    bench_sizes: Sequence[str] = ("4K", "64K", "1M", "4M"),
+    bench_sizes: Sequence[str] | None = None,
     step_sleep_s: float = 0.0,
     extra: Sequence[str] = (),
 ) -> tuple[str, ...]:
-    """Arguments of smoke_tests/ddp_job.py."""
+    """Arguments of smoke_tests/ddp_job.py. ``bench_sizes`` None: the job's own choice (up to
+    1 GiB on NCCL, 4 MiB on gloo; 5 warm-ups and 20 timed iterations, as nccl-tests)."""
     args = ["--out", out, "--steps", str(steps), "--timeout", f"{timeout_s:g}",
-            "--phase-timeout", f"{phase_timeout_s:g}", "--bench-sizes", ",".join(bench_sizes)]
+            "--phase-timeout", f"{phase_timeout_s:g}"]
+    if bench_sizes is not None:
+        args += ["--bench-sizes", ",".join(bench_sizes)]
     if step_sleep_s:
         args += ["--step-sleep", f"{step_sleep_s:g}"]
     return (*args, *extra)
@@ -63,12 +66,14 @@ def node_names(count: int) -> tuple[str, ...]:
     return tuple(f"node{i}" for i in range(count))
 
 
-def split_gpus(total: int, nodes: int) -> tuple[tuple[str, ...], ...]:
-    """Share ``total`` GPUs of one host between ``nodes`` containers (NCCL refuses two
-    ranks on one GPU, also across containers). Every node gets the same count."""
-    per = total // nodes
+def split_gpus(gpus: int | Sequence[str], nodes: int) -> tuple[tuple[str, ...], ...]:
+    """Share a host's GPUs (a count, or their ids in order) between ``nodes`` containers
+    (NCCL refuses two ranks on one GPU, also across containers). Every node gets the same
+    count; what does not divide evenly stays idle."""
+    ids = tuple(str(i) for i in range(gpus)) if isinstance(gpus, int) else tuple(gpus)
+    if nodes < 1:
+        raise ValueError("nodes must be >= 1")
+    per = len(ids) // nodes
     if per < 1:
-        raise ValueError(f"{total} GPU(s) can't be shared by {nodes} nodes")
-    return tuple(tuple(str(i * per + j) for j in range(per)) for i in range(nodes))
-
-
+        raise ValueError(f"{len(ids)} GPU(s) can't be shared by {nodes} nodes")
+    return tuple(ids[i * per:(i + 1) * per] for i in range(nodes))

@@ -320,10 +320,10 @@ def test_ddp_result_from_json_names_what_is_missing() -> None:
 
 
 def test_busbw_markdown() -> None:
-    r = results.DDPResult.from_json(sample_result())
+    r = results.DDPResult.from_json(sample_result())  # schema 1: no bench settings, no per-rank max
     table = results.busbw_markdown(r).splitlines()
     assert table[0].startswith("| size |") and len(table) == 4
-    assert table[3].startswith("| 1 MiB | 3450.0 | 0.304 | 0.456 |")
+    assert table[3] == "| 1 MiB | 3450.0 | - | 0.304 | 0.456 | - |"
 
 
 @pytest.mark.parametrize(("text", "want"), [
@@ -562,12 +562,16 @@ def test_multinode_gpu_ids_per_node() -> None:
 
 
 def test_single_node_runs_torchrun_standalone() -> None:
-    fake = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1))], codes=[0])
+    fake = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1, backend="nccl"))], codes=[0])
     run = runner.run_single_node(_engine(fake), "img", nproc=2, gpus=True)
-    assert run.ok and run.world_size == 2
+    assert run.ok and run.passed and run.world_size == 2
     c = fake.started[0]
     assert "--standalone" in c.command and c.removed
     assert c.kwargs["device_requests"] == [{"count": -1, "capabilities": [["gpu"]]}]
+    # GPUs given, gloo ran: a fall-back is a failure, not a GPU pass
+    fell_back = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1))], codes=[0])
+    run = runner.run_single_node(_engine(fell_back), "img", nproc=2, gpus=True)
+    assert not run.ok and "backend gloo ran where nccl was required" in run.summary()
 
 
 def test_selftest_passes_the_image_labels_and_collects_junit() -> None:

@@ -11,22 +11,46 @@ from typing import Any
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
+from builder.common.errors import StepFailed
 from builder.common.log import log, table
-from builder.smoke import passes, runner
+from builder.smoke import gpus, passes, results, runner
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nodes", type=types.count(1, 16), default=1,
-                   help="DDP across N containers on a private network, 1-16 (default 1)")
-    p.add_argument("--nproc", type=types.count(1, 64), default=2, help="ranks per node on CPU (gloo); default 2")
+                   help="DDP across N containers on a private network, 1-16 (default 1); with --require-gpu "
+                        "the GPUs are shared evenly between them")
+    p.add_argument("--nproc", type=types.count(1, 64), default=None,
+                   help="ranks per node (default: with --require-gpu one per visible GPU, else 2 CPU ranks over "
+                        "gloo); fewer than the GPUs uses that many GPUs, more is clamped to them")
     p.add_argument("--require-gpu", action="store_true",
-                   help="run with --gpus all and fail when no GPU is visible (GPU runners)")
+                   help="give the containers every visible GPU (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES) and "
+                        "fail when there is none or when the job fell back to gloo (GPU runners)")
+    p.add_argument("--require-multi-gpu", action="store_true",
+                   default=os.environ.get("PTMG_REQUIRE_MULTI_GPU", "") in ("1", "true", "yes"),
+                   help="with --require-gpu: a run with one GPU per world fails instead of reporting the "
+                        "checks that need two ranks as skipped (env PTMG_REQUIRE_MULTI_GPU=1)")
     p.add_argument("--junit-dir", default=os.environ.get("PTMG_JUNIT_DIR", "build-logs/junit"), type=types.text,
                    help="where the JUnit XML of each image goes (default build-logs/junit/)")
 
 
+def plan_for(a: argparse.Namespace, env: Any = os.environ) -> gpus.RunPlan:
+    """The rank/GPU plan of this run (the one rule, see builder/smoke/gpus.py)."""
+    ids: tuple[str, ...] | None = None
+    if a.require_gpu:
+        ids, note = gpus.host_gpus(env)
+        if not ids:
+            raise StepFailed(f"--require-gpu: no GPU visible on this host ({note})")
+        if note:
+            log.warning("%s", note)
+    return gpus.plan_run(ids, a.nodes, a.nproc)
+
+
 def run(ctx: Context) -> int:
     a = ctx.args
+    require_multi = bool(a.require_gpu and a.require_multi_gpu)
+    plan = plan_for(a)
+    log.info("DDP plan: %s", plan.describe())
     engine = ctx.engine()
     junit_dir = Path(a.junit_dir)
     junit_dir.mkdir(parents=True, exist_ok=True)
@@ -42,27 +66,33 @@ def run(ctx: Context) -> int:
             continue
         image_id = engine.image_id(cell.ref)
         log.info("%s: selftest", cell.name)
-        st = runner.run_selftest(engine, cell.ref, gpus=a.require_gpu, args=["--nproc", str(a.nproc)])
+        st = runner.run_selftest(engine, cell.ref, gpus=a.require_gpu, gpu_ids=plan.gpu_ids,
+                                 require_multi_gpu=require_multi,
+                                 args=["--nproc", str(a.nproc)] if a.nproc is not None else [])
         if st.junit_xml:
             (junit_dir / f"{cell.name}.xml").write_text(st.junit_xml, encoding="utf-8")
         log.info("%s", st.summary())
-        if a.nodes > 1:
-            log.info("%s: DDP across %d nodes x %d ranks", cell.name, a.nodes, a.nproc)
-            ddp = runner.run_multinode(engine, cell.ref, nodes=a.nodes, nproc_per_node=a.nproc)
-        else:
-            log.info("%s: DDP on one node, %d ranks", cell.name, a.nproc)
-            ddp = runner.run_single_node(engine, cell.ref, nproc=a.nproc, gpus=a.require_gpu)
+        log.info("%s: DDP, %s", cell.name, plan.describe())
+        ddp = runner.run_plan(engine, cell.ref, plan, require_multi=require_multi)
         log.info("%s", ddp.summary())
+        if ddp.result is not None and ddp.result.busbw:
+            log.info("%s: all-reduce bus bandwidth\n%s", cell.name, results.busbw_markdown(ddp.result))
         ok = st.ok and ddp.ok
         failed |= not ok
         c = st.counts
+        backend = ddp.result.backend if ddp.result else "-"
         if ok:
-            passes.record_pass(ctx.root, image_id, cell.name, c.passed, c.skipped, a.nodes)
-        rows.append([cell.name, "PASS" if ok else "FAIL", str(c.passed), str(c.failed + c.errors),
-                     str(c.skipped), f"{ddp.wall_s:.1f}s (world {ddp.world_size})"])
+            passes.record_pass(ctx.root, image_id, cell.name, c.passed, c.skipped, a.nodes, ddp=ddp.verdict,
+                               backend=backend, world_size=ddp.world_size)
+        status = "FAIL" if not ok else "PASS" if ddp.passed else f"PASS, DDP {ddp.verdict}"
+        rows.append([cell.name, status, str(c.passed), str(c.failed + c.errors), str(c.skipped),
+                     f"{ddp.verdict}: world {ddp.world_size}, {backend}, {ddp.wall_s:.1f}s"])
         report.append({"cell": cell.name, "image_id": image_id, "ok": ok, "selftest": c.__dict__,
                        "selftest_failures": list(st.failures), "junit": str(junit_dir / f"{cell.name}.xml"),
-                       "ddp": {"ok": ddp.ok, "wall_s": round(ddp.wall_s, 1), "world_size": ddp.world_size,
+                       "plan": {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node,
+                                "backend": plan.backend, "gpus": plan.node_gpus, "note": plan.note},
+                       "ddp": {"ok": ddp.ok, "verdict": ddp.verdict, "problems": list(ddp.problems),
+                               "wall_s": round(ddp.wall_s, 1), "world_size": ddp.world_size,
                                "result": ddp.result.__dict__ if ddp.result else None,
                                "nodes": [n.describe() for n in ddp.nodes]}})
     if a.json:
