@@ -270,7 +270,7 @@ def test_publish_after_everything_builds_fresh_then_gates(wf: dict[str, Any]) ->
     job = wf["jobs"]["publish"]
     assert {"build", "gpu"} <= set(job["needs"])
     runs = _runs(job)
-    order = ["docker builder prune --force --filter type=exec.cachemount", "build.py build --no-cache --force",
+    order = ["docker builder prune --all --force --filter type=exec.cachemount", "build.py build --no-cache --force",
              'flock "$PTMG_GPU_LOCK" .venv/bin/python build.py test --require-gpu', 'make publish REGISTRY="$REGISTRY"']
     positions = [runs.index(s) for s in order]
     assert positions == sorted(positions), "prune, fresh build, GPU smoke gate, publish: in that order"
