@@ -66,6 +66,21 @@ USER = "pt"
 UID = 1000
 GID = 1000
 HOME = f"/home/{USER}"
+#: The group that may write the venv (pip install as pt, also after a PT_UID/PT_GID remap):
+#: pt is a member; the venv is group-writable and setgid, so new files stay in the group.
+VENV_GROUP = "users"
+VENV_GID = 100
+#: Root mode (`docker run --user 0`, needed only for PT_UID/PT_GID): root's `docker exec`
+#: inherits the container's PATH and working directory, so the entrypoint refuses to start
+#: as root unless both are root's own (see docs/security.md). These are the values to pass.
+ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_WORKDIR = "/"
+#: Directories pt owns besides its home and WORKDIR (the uid remap re-owns them).
+PT_STATE_DIRS: tuple[str, ...] = (STATE_DIR, "/var/lib/pt-multi-gpu")
+#: The image's PATH, kept in the image as this variable: pt's PATH after a root start (whose
+#: own PATH must be ROOT_PATH). And where pt's processes run after a root start.
+ENV_USER_PATH = "PTMG_PATH"
+ENV_WORKDIR = "PTMG_WORKDIR"
 
 # --- services and ports ------------------------------------------------------------
 JUPYTER = "jupyter"

@@ -1,17 +1,21 @@
 """Shared pieces of the image runtime: logging, settings from the environment,
-the state file the healthcheck reads, and the `pt` user.
+the state file the healthcheck reads, and the user the runtime runs as.
 
-Standard library only: this runs under the OS python3 before anything else,
-so it must not depend on the venv (and must not import torch).
+Standard library only: this runs under the OS python3 (`-I`, isolated) before anything
+else, so it must not depend on the venv (and must not import torch). Everything here
+runs as pt: root (only with `docker run --user 0`) uses rootstart.py, then become().
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +102,7 @@ class Settings:
     pt_gid: int | None
     ssh_host_key_dir: str
     diagnostics: bool
+    ssh_port: int = contract.SSH_PORT
 
 
 def load_settings(argv: list[str], env: dict[str, str]) -> Settings:
@@ -119,6 +124,7 @@ def load_settings(argv: list[str], env: dict[str, str]) -> Settings:
                            {"on": _ON, "off": _OFF, "port": {"port"}})
     jupyter_port = r.port("JUPYTER_PORT", contract.JUPYTER_PORT)
     tb_port = r.port("TENSORBOARD_PORT", contract.TENSORBOARD_PORT)
+    ssh_port = r.port("SSH_PORT", contract.SSH_PORT)
     pt_uid = r.number("PT_UID", None, 1, 2**31 - 2)
     pt_gid = r.number("PT_GID", None, 1, 2**31 - 2)
     diagnostics = r.choice("PTMG_DIAGNOSTICS", "on", onoff)
@@ -139,64 +145,123 @@ def load_settings(argv: list[str], env: dict[str, str]) -> Settings:
         pt_gid=pt_gid,
         ssh_host_key_dir=env.get("SSH_HOST_KEY_DIR") or contract.SSH_HOST_KEY_DIR,
         diagnostics=diagnostics == "on",
+        ssh_port=ssh_port,
     )
 
 
-def read_secret(env: dict[str, str], name: str) -> tuple[str | None, str | None]:
-    """Value of NAME, or of the file named by NAME_FILE (Docker/k8s secrets).
+def read_secret(env: dict[str, str], name: str, implicit: Path | None = None) -> tuple[str | None, str | None]:
+    """Value of the file named by NAME_FILE, else of `implicit` (a Docker/k8s secret such as
+    /run/secrets/jupyter_token) when it exists, else of the variable NAME.
 
-    Returns (value, source); surrounding whitespace (the trailing newline of a
-    secret file) is stripped; an empty value counts as unset.
+    Returns (value, source). A file wins over the variable: a secret in the environment is
+    visible to `docker inspect` and to every `docker exec` (which gets the container's
+    environment), so it is only the last resort, and ignored (with a warning) when a file
+    is there. Surrounding whitespace (the trailing newline of a secret file) is stripped;
+    an empty value counts as unset.
     """
-    value = env.get(name, "").strip()
-    if value:
-        return value, name
+    direct = env.get(name, "").strip()
     path = env.get(f"{name}_FILE", "").strip()
+    value: str | None = None
+    source: str | None = None
     if path:
         try:
             value = Path(path).read_text().strip()
-        except OSError as exc:
-            raise ConfigError(f"{name}_FILE={path}: cannot read it ({exc.strerror})") from None
-        if value:
-            return value, f"{name}_FILE"
-        warn(f"{name}_FILE={path} is empty; ignoring it")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not text"
+            raise ConfigError(f"{name}_FILE={path}: cannot read it ({why})") from None
+        source = f"{name}_FILE"
+        if not value:
+            warn(f"{name}_FILE={path} is empty; ignoring it")
+    elif implicit is not None and implicit.is_file():
+        try:
+            value = implicit.read_text().strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{implicit}: cannot read it ({exc})") from None
+        source = str(implicit)
+    if value:
+        if direct:
+            warn(f"{name} is set but ignored: {source} is used (a value in the environment is visible to "
+                 "`docker inspect` and to every `docker exec`; drop it)")
+        return value, source
+    if direct:
+        return direct, name
     return None, None
 
 
 # ----------------------------------------------------------------- state file
-def state_dir(uid: int | None = None) -> Path:
-    """/run/pt-multi-gpu when we can write there (root start), else a per-uid dir in /tmp."""
+def own_dir(path: Path, uid: int | None = None) -> bool:
+    """`path` is a real directory (no link) that `uid` owns and may write."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
     uid = os.geteuid() if uid is None else uid
-    if uid == 0:
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and os.access(path, os.W_OK | os.X_OK)
+
+
+def state_dir(uid: int | None = None) -> Path:
+    """The image's /run/pt-multi-gpu when this user owns it (it belongs to pt), else a per-uid
+    dir in /tmp (another --user, or a tmpfs on /run)."""
+    uid = os.geteuid() if uid is None else uid
+    if own_dir(ROOT_STATE_DIR, uid):
         return ROOT_STATE_DIR
     return Path(tempfile.gettempdir()) / f"pt-multi-gpu-{uid}"
 
 
-def candidate_state_files() -> list[Path]:
-    """Where the healthcheck looks: the root location first, then any per-uid one."""
-    files = [ROOT_STATE_DIR / "state.json"]
-    files += sorted(Path(tempfile.gettempdir()).glob("pt-multi-gpu-*/state.json"))
-    return files
+def candidate_state_files(uid: int | None = None) -> list[Path]:
+    """Where the healthcheck looks: the image's state dir, then this uid's own one."""
+    uid = os.geteuid() if uid is None else uid
+    return [ROOT_STATE_DIR / "state.json", Path(tempfile.gettempdir()) / f"pt-multi-gpu-{uid}" / "state.json"]
+
+
+def private_dir(d: Path, mode: int = 0o700) -> Path:
+    """Make `d` a directory of ours with `mode`; something else in its place (a file, a link,
+    a directory of another user) is moved aside first."""
+    d.parent.mkdir(parents=True, exist_ok=True)
+    if not own_dir(d):
+        if os.path.lexists(d):
+            aside = d.with_name(f".{d.name}.aside-{time.time_ns()}")
+            os.rename(d, aside)
+            warn(f"{d} was not a directory of ours; moved it to {aside}")
+        os.mkdir(d, mode)
+    os.chmod(d, mode)
+    return d
+
+
+def write_file(path: Path, text: str, mode: int = 0o600) -> None:
+    """Write `path` whole: a new file (O_EXCL|O_NOFOLLOW, so no link is ever followed) renamed
+    over the old one. A directory in its place is moved aside."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.time_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, mode)  # whatever the umask
+        if os.path.isdir(path) and not os.path.islink(path):
+            aside = path.with_name(f".{path.name}.aside-{time.time_ns()}")
+            os.rename(path, aside)
+            warn(f"{path} was a directory; moved it to {aside}")
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def write_json_atomic(path: Path, data: object) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+    write_file(path, json.dumps(data, indent=2, sort_keys=True) + "\n", 0o644)
 
 
 # ------------------------------------------------------------------------ user
 @dataclass(frozen=True)
 class RunAs:
-    """Who service and user processes run as, and the argv prefix that gets them there."""
+    """Who the runtime, its services and the user's processes run as (never root)."""
 
     uid: int
     gid: int
     home: str
     name: str
-    drop: tuple[str, ...]  # setpriv prefix when starting as root, () otherwise
 
     def env(self, base: dict[str, str]) -> dict[str, str]:
         env = dict(base)
@@ -205,13 +270,7 @@ class RunAs:
         return env
 
 
-def run_as_pt() -> RunAs:
-    pw = pwd.getpwnam(USER)
-    drop = ("setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--")
-    return RunAs(pw.pw_uid, pw.pw_gid, pw.pw_dir, USER, drop)
-
-
-def run_as_self() -> RunAs:
+def current_user() -> RunAs:
     uid, gid = os.geteuid(), os.getegid()
     try:
         pw = pwd.getpwuid(uid)
@@ -221,4 +280,20 @@ def run_as_self() -> RunAs:
     if not home or not os.access(home, os.W_OK):
         home = f"{tempfile.gettempdir()}/pt-multi-gpu-home-{uid}"
         os.makedirs(home, mode=0o700, exist_ok=True)
-    return RunAs(uid, gid, home, name, ())
+    return RunAs(uid, gid, home, name)
+
+
+def become(name: str = USER) -> pwd.struct_passwd:
+    """Root -> `name`, for good: its groups (from /etc/group, e.g. the venv's group), then
+    gid and uid (real, effective and saved). Raises PermissionError if root could come back."""
+    pw = pwd.getpwnam(name)
+    if pw.pw_uid == 0:
+        raise PermissionError(f"user {name} is uid 0")
+    os.setgroups(os.getgrouplist(name, pw.pw_gid))
+    os.setresgid(pw.pw_gid, pw.pw_gid, pw.pw_gid)
+    os.setresuid(pw.pw_uid, pw.pw_uid, pw.pw_uid)
+    try:
+        os.setuid(0)
+    except PermissionError:
+        return pw
+    raise PermissionError("still able to become root after dropping privileges")

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ptmg_contract as contract
@@ -115,10 +115,10 @@ print(json.dumps(out))
 """
 
 
-def torch_probe(python: str, prefix: Sequence[str], env: dict[str, str]) -> None:
+def torch_probe(python: str, env: dict[str, str]) -> None:
     """Ask torch itself (slow: seconds). Meant to run in a background thread."""
     try:
-        out = subprocess.run([*prefix, "nice", "-n", "10", python, "-c", TORCH_PROBE],
+        out = subprocess.run(["nice", "-n", "10", python, "-c", TORCH_PROBE],
                              capture_output=True, text=True, timeout=120, env=env, check=False)
         data = json.loads(out.stdout.strip().splitlines()[-1])
     except Exception as exc:  # diagnostics never fail the container
@@ -135,7 +135,7 @@ def torch_probe(python: str, prefix: Sequence[str], env: dict[str, str]) -> None
 
 
 def run(env: dict[str, str], *, background: Callable[[Callable[[], None]], None] | None,
-        python: str, prefix: Sequence[str], child_env: dict[str, str]) -> None:
+        python: str, child_env: dict[str, str]) -> None:
     """Print the diagnostics. `background(fn)` runs slow torch checks off the hot
     path; None means "no torch checks" (command mode, where we exec at once)."""
     cell = env.get(contract.ENV_CELL) or "?"
@@ -172,4 +172,4 @@ def run(env: dict[str, str], *, background: Callable[[Callable[[], None]], None]
         info(f"NCCL {nccl}")
     need_torch = gpu_seen and (not exe or not nccl)
     if need_torch and background is not None:
-        background(lambda: torch_probe(python, prefix, child_env))
+        background(lambda: torch_probe(python, child_env))

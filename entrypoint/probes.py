@@ -11,20 +11,25 @@ import socket
 
 
 def _token(token_file: str | None) -> str | None:
+    """The token, if the file holds one that can go into a header (printable ASCII, no
+    spaces): anything else is not sent (Jupyter refuses such a token anyway)."""
     if not token_file:
         return None
     try:
-        with open(token_file) as f:
-            return f.read().strip() or None
+        with open(token_file, "rb") as f:
+            raw = f.read(4096).strip()
     except OSError:
         return None
+    if not raw or any(b < 0x21 or b > 0x7E for b in raw):
+        return None
+    return raw.decode("ascii")
 
 
 def http_alive(port: int, path: str, timeout: float,
                token_file: str | None = None) -> tuple[bool, str]:
     """Any HTTP answer below 500 counts: an unauthenticated /api/status gets 403 from
-    Jupyter, which proves it is up. With the token (readable by root and pt) the answer
-    is 200, which Jupyter does not log: the healthcheck stays out of the logs."""
+    Jupyter, which proves it is up. With the token (pt's file; the probe runs as pt) the
+    answer is 200, which Jupyter does not log: the healthcheck stays out of the logs."""
     headers = {"User-Agent": "pt-multi-gpu-healthcheck"}
     token = _token(token_file)
     if token:
@@ -33,7 +38,7 @@ def http_alive(port: int, path: str, timeout: float,
     try:
         conn.request("GET", path, headers=headers)
         status = conn.getresponse().status
-    except (OSError, http.client.HTTPException) as exc:
+    except (OSError, http.client.HTTPException, ValueError) as exc:
         return False, f"GET :{port}{path}: {exc}"
     finally:
         conn.close()
@@ -59,7 +64,10 @@ def ssh_banner(port: int, timeout: float) -> tuple[bool, str]:
 
 def probe(entry: dict[str, object], timeout: float = 2.0) -> tuple[bool, str]:
     kind = entry.get("check")
-    port = int(str(entry.get("port", 0)))
+    try:
+        port = int(str(entry.get("port", 0)))
+    except ValueError:
+        return False, f"bad port {entry.get('port')!r}"
     if kind == "http":
         token_file = entry.get("token_file")
         return http_alive(port, str(entry.get("path", "/")), timeout,

@@ -1,13 +1,14 @@
 #!/bin/sh
 # Container entrypoint, run by tini as PID 1's child:
 #   ENTRYPOINT ["/usr/bin/tini", "-g", "--", "/opt/pt-multi-gpu/entrypoint/start.sh"]
-# Everything happens in supervisor.py (standard library only, no torch import on the
-# hot path). The OS python3 starts fastest; the venv's python is the fallback.
-# -E -s: ignore PYTHON* variables and user site-packages meant for the user's code;
-# -B: write no .pyc, so the image's entrypoint dir stays as built (and may be read-only).
-here=$(dirname "$0")
-for py in /usr/bin/python3 /opt/venv/bin/python; do
-    [ -x "$py" ] && exec "$py" -E -s -B "$here/supervisor.py" "$@"
+# It runs as pt (the image's USER), or as root with `docker run --user 0` (only needed
+# for PT_UID/PT_GID; supervisor.py then drops to pt for good before anything else).
+# So root may run this file: no external command here (no PATH lookup), the OS python by
+# absolute path, isolated (-I: no PYTHON* variables, no user site, no script or working
+# directory on sys.path) and writing no .pyc (-B: the image's entrypoint dir stays as built).
+here=${0%/*}
+for py in /usr/bin/python3 /usr/local/bin/python3; do
+    [ -x "$py" ] && exec "$py" -I -B "$here/supervisor.py" "$@"
 done
-echo "[ptmg] ERROR: no python3 found (looked for /usr/bin/python3 and /opt/venv/bin/python)" >&2
+echo "[ptmg] ERROR: no python3 found (looked for /usr/bin/python3 and /usr/local/bin/python3)" >&2
 exit 127

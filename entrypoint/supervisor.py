@@ -4,10 +4,14 @@
     start.sh CMD ARGS   -> command mode: CMD runs as pt; its exit status is the container's
     start.sh selftest … -> /opt/pt-multi-gpu/smoke_tests/selftest … as pt
 
-Order: read settings (fail fast on a bad value) -> remap pt's uid/gid (root only)
--> diagnostics (warnings only) -> prepare services -> supervise. A crashed service
-is restarted with bounded exponential backoff; SIGTERM stops every service within
-STOP_GRACE seconds and the container exits 0.
+It runs as pt (the image's USER). Started as root (`docker run --user 0`, only needed for
+PT_UID/PT_GID), it checks root's environment, remaps pt's uid/gid and drops to pt for good
+first (rootstart.py); nothing else ever runs as root.
+
+Order: read settings (fail fast on a bad value) -> [root: rootstart] -> diagnostics
+(warnings only) -> prepare services -> supervise. A crashed service is restarted with
+bounded exponential backoff; SIGTERM stops every service within STOP_GRACE seconds and
+the container exits 0.
 """
 
 from __future__ import annotations
@@ -15,14 +19,13 @@ from __future__ import annotations
 import os.path
 import sys
 
-# Root runs this file; import only from the image's root-owned folders (this one and the
-# contract's), never from the working directory or the user's environment.
+# Import only from the image's own root-owned folders (this one and the contract's), never
+# from the working directory or the user's environment (start.sh runs python3 -I).
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:0] = [_HERE, os.path.dirname(_HERE)]
 
 import contextlib
 import os
-import pwd
 import re
 import select
 import signal
@@ -35,17 +38,15 @@ from typing import IO
 
 import diagnostics
 import ptmg_contract as contract
+import rootstart
 import services
 from common import (
     WORKDIR_DEFAULT,
     ConfigError,
-    RunAs,
-    Settings,
+    current_user,
     error,
     info,
     load_settings,
-    run_as_pt,
-    run_as_self,
     state_dir,
     warn,
     write_json_atomic,
@@ -57,50 +58,7 @@ STOP_GRACE = 2.0  # seconds a service gets between SIGTERM and SIGKILL (docker s
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0  # restart delays: 1, 2, 4, ... 30 s
 STABLE_AFTER = 30.0  # a service that ran this long is healthy again: backoff restarts at 1 s
 PROBE_EVERY = 0.25
-
-
-# ------------------------------------------------------------------- uid remap
-def _mount_points() -> set[str]:
-    try:
-        with open("/proc/self/mountinfo") as f:
-            return {line.split()[4] for line in f}
-    except OSError:
-        return set()
-
-
-def _rechown(top: str, old: tuple[int, int], new: tuple[int, int], mounts: set[str]) -> None:
-    """Give pt's files under `top` the new ids; never descend into a mount (a bind
-    mount's files belong to the host, not to us)."""
-    for root, dirs, files in os.walk(top):
-        dirs[:] = [d for d in dirs if os.path.join(root, d) not in mounts]
-        for name in [".", *dirs, *files]:
-            path = os.path.join(root, name)
-            try:
-                st = os.lstat(path)
-                uid = new[0] if st.st_uid == old[0] else -1
-                gid = new[1] if st.st_gid == old[1] else -1
-                if uid != -1 or gid != -1:
-                    os.lchown(path, uid, gid)
-            except OSError:
-                pass
-
-
-def remap_pt(s: Settings) -> None:
-    pw = pwd.getpwnam(contract.USER)
-    old = (pw.pw_uid, pw.pw_gid)
-    new = (s.pt_uid or pw.pw_uid, s.pt_gid or pw.pw_gid)
-    if new == old:
-        return
-    # -o: the host's uid/gid may already exist in the image (e.g. gid 100 "users").
-    if new[1] != old[1]:
-        subprocess.run(["groupmod", "-o", "-g", str(new[1]), contract.USER], check=True)
-    subprocess.run(["usermod", "-o", "-u", str(new[0]), "-g", str(new[1]), contract.USER], check=True,
-                   stdout=subprocess.DEVNULL)
-    mounts = _mount_points()
-    for top in (pw.pw_dir, WORKDIR_DEFAULT):  # never an arbitrary -w dir such as /
-        if os.path.isdir(top) and top not in mounts:
-            _rechown(top, old, new, mounts)
-    info(f"user pt remapped to uid {new[0]} gid {new[1]} (from PT_UID/PT_GID)")
+VENV_BIN = f"{contract.VENV}/bin"
 
 
 # ------------------------------------------------------------------- supervisor
@@ -326,6 +284,13 @@ def _exec(argv: list[str], env: dict[str, str]) -> int:
         return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
+def user_path(path: str) -> str:
+    """pt's PATH: the container's, with the venv first if it is missing (root mode runs with
+    a PATH of root-owned dirs only; pt's processes still want the venv)."""
+    entries = [e for e in path.split(":") if e]
+    return ":".join(entries if VENV_BIN in entries else [VENV_BIN, *entries])
+
+
 def main(argv: list[str]) -> int:
     env = dict(os.environ)
     try:
@@ -333,28 +298,42 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         error(f"{exc} (see {contract.ENTRYPOINT_DIR}/README.md)")
         return 2
-    root = os.geteuid() == 0
-    workdir = os.getcwd()
-    try:
-        if root:
-            remap_pt(s)
-            user: RunAs = run_as_pt()
-            try:
-                services.write_session_env(env, workdir)
-            except OSError as exc:  # e.g. --read-only without a tmpfs on /run
-                warn(f"cannot write the environment for SSH/login shells: {exc}")
-        else:
-            user = run_as_self()
-            why = " (PT_UID/PT_GID ignored)" if (s.pt_uid or s.pt_gid) else ""
-            warn(f"started as uid {os.geteuid()}, not root: no uid/gid remap{why} and no sshd")
-    except (subprocess.CalledProcessError, KeyError) as exc:
-        error(f"cannot set up user pt: {exc}")
-        return 1
-    sdir = state_dir()
-    sdir.mkdir(parents=True, exist_ok=True)
-    os.chmod(sdir, 0o755)  # noqa: S103 - the healthcheck (maybe another uid) reads the state
-    state_file = sdir / "state.json"
+    if os.geteuid() == 0:
+        try:
+            rootstart.start_as_root(s, env)
+        except ConfigError as exc:
+            error(f"{exc} (see {contract.ENTRYPOINT_DIR}/README.md)")
+            return 2
+        except rootstart.RootStartFailed as exc:
+            error(f"cannot set up user {contract.USER}: {exc}")
+            return 1
+        # From here on this process is pt. Root mode runs in a root-owned working directory
+        # (see rootstart.py); pt's processes run in /workspace (or PTMG_WORKDIR).
+        workdir = env.get(contract.ENV_WORKDIR) or WORKDIR_DEFAULT
+        env["PATH"] = env.get(contract.ENV_USER_PATH) or user_path(env.get("PATH", ""))
+        try:
+            os.chdir(workdir)
+        except OSError as exc:
+            warn(f"cannot enter {workdir}: {exc.strerror}; staying in {os.getcwd()}")
+            workdir = os.getcwd()
+    else:
+        workdir = os.getcwd()
+        if s.pt_uid not in (None, os.geteuid()) or s.pt_gid not in (None, os.getegid()):
+            warn(f"PT_UID/PT_GID ignored: the remap needs a root start ({rootstart.ROOT_MODE_FIX})")
+    user = current_user()
     base_env = user.env(services.child_env(env))
+    sdir = state_dir()
+    try:
+        sdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(sdir, 0o755)  # noqa: S103 - the healthcheck reads the state; secrets live in 0700 subdirs
+    except OSError as exc:
+        error(f"cannot use the state directory {sdir}: {exc}")
+        return 1
+    try:
+        services.write_session_env(env, workdir, sdir)
+    except OSError as exc:
+        warn(f"cannot write the environment for SSH/login shells: {exc}")
+    state_file = sdir / "state.json"
     python = contract.VENV_PYTHON if os.path.exists(contract.VENV_PYTHON) else sys.executable
 
     # Command: what runs in the foreground instead of (or beside) the services.
@@ -379,22 +358,25 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         error(f"{exc} (see {contract.ENTRYPOINT_DIR}/README.md)")
         return 2
+    except OSError as exc:
+        error(f"cannot prepare the services: {exc}")
+        return 1
     late = [] if ssh_keys is None else [
-        ("sshd", lambda: services.prepare_sshd(s, env, user, ssh_keys))]
+        ("sshd", lambda: services.prepare_sshd(s, env, user, ssh_keys, sdir))]
 
     if command is not None and not specs and not late:
         # Nothing to supervise: become the command (tini reaps and forwards signals).
         if s.diagnostics:
-            diagnostics.run(env, background=None, python=python, prefix=user.drop, child_env=base_env)
+            diagnostics.run(env, background=None, python=python, child_env=base_env)
         write_json_atomic(state_file, {"mode": s.mode, "services": {}})
-        return _exec([*user.drop, *command], base_env)
+        return _exec(command, base_env)
 
     if s.diagnostics:
         # nvidia-smi can take a second on a GPU host: keep it off the services' path.
         background(lambda: diagnostics.run(env, background=background, python=python,
-                                           prefix=user.drop, child_env=base_env))
+                                           child_env=base_env))
     sup = Supervisor(specs, state_file, s.mode)
-    return sup.run(None if command is None else ([*user.drop, *command], base_env), late)
+    return sup.run(None if command is None else (command, base_env), late)
 
 
 if __name__ == "__main__":

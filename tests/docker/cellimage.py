@@ -14,8 +14,11 @@ Env:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
+import ssl
 import subprocess
 import sys
 import uuid
@@ -32,6 +35,10 @@ class BuiltCell:
     cell: str
     markers: tuple[bytes, ...]  # secrets planted in the build; none may be in the image
     build_seconds: float | None
+    #: SHA-256 fingerprints of CAs the build was given (the test CA when this session built it,
+    #: else the host's extra CAs): the build log's canary line must name them.
+    ca_fingerprints: tuple[str, ...] = ()
+    log: Path | None = None  # the build log (build.py writes build-logs/<cell>.log)
 
 
 def make_test_ca(tmp: Path, marker: str) -> Path:
@@ -41,6 +48,12 @@ def make_test_ca(tmp: Path, marker: str) -> Path:
                     "-subj", f"/CN={marker}", "-keyout", str(key), "-out", str(crt)],
                    check=True, capture_output=True)
     return crt
+
+
+def fingerprints(path: Path) -> list[str]:
+    """SHA-256 of every certificate (DER) in a PEM file, as entrypoint/build_canary.py prints them."""
+    pems = re.findall(r"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", path.read_text(), re.S)
+    return [hashlib.sha256(ssl.PEM_cert_to_DER_cert(p)).hexdigest() for p in pems]
 
 
 def pem_lines(path: Path) -> list[bytes]:
@@ -54,8 +67,10 @@ def build(tmp: Path) -> BuiltCell:
     cell = os.environ.get("PTMG_TEST_CELL", DEFAULT_CELL)
     host_cas = sorted(Path("/usr/local/share/ca-certificates").rglob("*.crt"))
     ca_markers = [line for p in host_cas for line in pem_lines(p)[1:3]]
+    host_fps = tuple(fp for p in host_cas for fp in fingerprints(p))
     if given:
-        return BuiltCell(given, cell, tuple(ca_markers), None)
+        log = ROOT / "build-logs" / f"{cell}.log"
+        return BuiltCell(given, cell, tuple(ca_markers), None, host_fps, log if log.is_file() else None)
     token = f"ptmg-leak-{uuid.uuid4().hex[:12]}"
     test_ca = make_test_ca(tmp, token)
     env = {
@@ -75,4 +90,6 @@ def build(tmp: Path) -> BuiltCell:
     (result,) = json.loads(r.stdout)
     repository = "pt-multi-gpu"
     markers = [token.encode(), *pem_lines(test_ca)[1:3], *ca_markers]
-    return BuiltCell(f"{repository}:{cell}", cell, tuple(markers), float(result["seconds"]))
+    build_log = ROOT / str(result["log"]) if result.get("log") else None
+    return BuiltCell(f"{repository}:{cell}", cell, tuple(markers), float(result["seconds"]),
+                     tuple(fingerprints(test_ca)), build_log)

@@ -1,15 +1,25 @@
-"""A real CUDA cell built by build.py: labels, user, files, the no-leak scan, skip-unchanged."""
+"""A real CUDA cell built by build.py: labels, user, files, build secrets (present in the
+build, absent from every decompressed layer, refused by the classic builder), skip-unchanged."""
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import os
 import subprocess
 import sys
+import tarfile
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO, Any, cast
 
 import docker
+import pytest
 
+from builder.engine import BuildRequest, Engine
 from builder.spec import ImageSpec, load_matrix
 from tests.support import cell
 
@@ -47,37 +57,173 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.Doc
     cfg = image.attrs["Config"]
     assert cfg["Entrypoint"][:3] == ["/usr/bin/tini", "-g", "--"]
     assert cfg["WorkingDir"] == "/workspace"
+    assert cfg["User"] == "1000", "the image runs as pt; numeric, so Kubernetes' runAsNonRoot can check it"
     assert cfg["Healthcheck"]["Test"][0] == "CMD"
     out = docker_client.containers.run(
         built_cell.ref, entrypoint=["bash", "-c",
-                                    "id -u pt; id -g pt; stat -c %U /workspace /opt/venv;"
+                                    "id -u pt; id -g pt; stat -c %U /workspace /opt/venv; stat -c '%G:%a' /opt/venv;"
                                     "ls /opt/pt-multi-gpu/entrypoint/start.sh /opt/pt-multi-gpu/smoke_tests/selftest;"
                                     "ls /etc/ssh/ssh_host_* 2>/dev/null | wc -l"],
         remove=True, labels={"project": "pt-multi-gpu"}).decode().split()
-    assert out[:4] == ["1000", "1000", "pt", "pt"]
+    assert out[:5] == ["1000", "1000", "pt", "pt", "users:2775"]
     assert out[-1] == "0", "no SSH host key may be baked into the image"
 
 
-def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, docker_client: docker.DockerClient,
-                                                tmp_path: Path) -> None:
-    """`docker save` is every layer tar plus the config (history, labels, env): scan all of it."""
+# ------------------------------------------------------------------ build secrets
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class _Scanner:
+    """Looks for every marker in a byte stream fed in chunks (a marker may straddle two)."""
+
+    def __init__(self, markers: tuple[bytes, ...]) -> None:
+        self.markers = markers
+        self.keep = max(len(m) for m in markers)
+        self.tail = b""
+        self.found: set[bytes] = set()
+        self.bytes = 0
+
+    def feed(self, chunk: bytes) -> None:
+        window = self.tail + chunk
+        self.found |= {m for m in self.markers if m in window}
+        self.tail = window[-self.keep:]
+        self.bytes += len(chunk)
+
+
+def _decompressed(f: io.BufferedReader) -> Iterator[tuple[str, bytes]]:
+    """(format, chunk) over one blob of `docker save`, decompressed: gzip, zstd or plain, by its magic."""
+    head = f.peek(4)[:4]
+    stream: Any
+    if head.startswith(GZIP_MAGIC):
+        kind, stream = "gzip", gzip.GzipFile(fileobj=f)
+    elif head == ZSTD_MAGIC:
+        try:
+            import zstandard
+        except ImportError:
+            pytest.fail("a zstd layer and no zstandard module. Fix: pip install -e '.[dev]'", pytrace=False)
+        kind, stream = "zstd", zstandard.ZstdDecompressor().stream_reader(f)
+    else:
+        kind, stream = "plain", f
+    while chunk := stream.read(8 << 20):
+        yield kind, chunk
+
+
+class _StreamReader:
+    """File-like over docker-py's chunk iterator (tarfile's stream mode needs only read())."""
+
+    def __init__(self, chunks: Iterator[bytes]):
+        self.chunks = chunks
+        self.buf = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buf) < n:
+            try:
+                self.buf += next(self.chunks)
+            except StopIteration:
+                break
+        n = len(self.buf) if n < 0 else n
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+
+def scan_saved_image(image: Any, markers: tuple[bytes, ...]) -> tuple[set[bytes], dict[str, int], int]:
+    """`docker save` is a tar of blobs: every layer (decompressed: gzip, zstd or plain) and the
+    config and manifests (history, labels, env). Returns (markers found, layers per format,
+    decompressed bytes scanned)."""
+    scanner = _Scanner(markers)
+    formats: dict[str, int] = {}
+    reader = _StreamReader(iter(image.save(named=True, chunk_size=8 << 20)))
+    with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as outer:
+        for member in outer:
+            f = outer.extractfile(member) if member.isfile() else None
+            if f is None:
+                continue
+            kinds = set()
+            for kind, chunk in _decompressed(io.BufferedReader(cast(Any, f), 1 << 20)):
+                kinds.add(kind)
+                scanner.feed(chunk)
+            scanner.tail = b""  # blobs are separate files: no marker spans two
+            layer = member.name.endswith("layer.tar") or ("/blobs/" in member.name and member.size > 1 << 16)
+            for kind in kinds if layer else ():
+                formats[kind] = formats.get(kind, 0) + 1
+    return scanner.found, formats, scanner.bytes
+
+
+def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
+    """Every layer decompressed and scanned, then the config and history: no marker anywhere.
+    The markers are real secrets of the session's build (an index URL token, proxy credentials,
+    a CA made for the run) plus the host's own extra CAs."""
     assert built_cell.markers, "nothing to look for"
     image = docker_client.images.get(built_cell.ref)
-    found: dict[bytes, int] = {}
-    longest = max(len(m) for m in built_cell.markers)
-    tail = b""
-    total = 0
-    for chunk in image.save(named=True, chunk_size=8 * 1024 * 1024):
-        window = tail + chunk
-        for m in built_cell.markers:
-            if m in window:
-                found[m] = found.get(m, 0) + 1
-        tail = window[-longest:]
-        total += len(chunk)
-    assert total > 1_000_000_000, "the saved image is suspiciously small"
+    found, formats, scanned = scan_saved_image(image, built_cell.markers)
+    layers = len(image.attrs["RootFS"]["Layers"])
+    assert sum(formats.values()) >= layers, f"scanned {formats} layer blobs, the image has {layers} layers"
+    assert scanned > 1_000_000_000, f"only {scanned} bytes scanned: the layers were not read"
     assert not found, f"secrets found in the saved image: {sorted(found)}"
     history = json.dumps(image.history())
     assert not [m for m in built_cell.markers if m.decode(errors="ignore") in history]
+
+
+def test_the_scan_finds_a_secret_in_a_compressed_layer(tmp_path: Path) -> None:
+    """The scanner itself, on blobs made here: a marker inside a gzip and a zstd layer is found."""
+    marker = b"ptmg-canary-" + uuid.uuid4().hex.encode()
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        data = b"x" * 100_000 + marker + b"y" * 100_000
+        info = tarfile.TarInfo("etc/pip.conf")
+        info.size = len(data)
+        t.addfile(info, io.BytesIO(data))
+    import zstandard
+
+    for blob in (gzip.compress(layer.getvalue()), zstandard.ZstdCompressor().compress(layer.getvalue()),
+                 layer.getvalue()):
+        assert marker not in blob or blob == layer.getvalue(), "compressed, the marker is not visible as is"
+        scanner = _Scanner((marker,))
+        for _, chunk in _decompressed(io.BufferedReader(io.BytesIO(blob))):
+            scanner.feed(chunk)
+        assert scanner.found == {marker}
+
+
+def test_the_build_had_its_secrets(built_cell: BuiltCell) -> None:
+    """The canary: the build log says the secrets were mounted (variable names and CA
+    fingerprints, never a value), so the scan above proves they stayed out, not that they
+    were never there."""
+    if built_cell.log is None:
+        pytest.fail(f"no build log for {built_cell.cell} (build-logs/). Fix: build it with build.py, or unset "
+                    "PTMG_TEST_IMAGE", pytrace=False)
+    text = built_cell.log.read_text(errors="replace")
+    env_lines = [ln for ln in text.splitlines() if "ptmg-build-secret build-env:" in ln]
+    ca_lines = [ln for ln in text.splitlines() if "ptmg-build-secret ca-bundle:" in ln]
+    assert env_lines and ca_lines, "no canary line in the build log (was the last RUN cached?)"
+    assert "present" in env_lines[-1] and "present" in ca_lines[-1], (env_lines[-1], ca_lines[-1])
+    if built_cell.build_seconds is not None:  # built by this session with its planted settings
+        for name in ("PIP_INDEX_URL", "PIP_TRUSTED_HOST", "HTTPS_PROXY"):
+            assert name in env_lines[-1], (name, env_lines[-1])
+    assert built_cell.ca_fingerprints, "no CA to look for"
+    assert any(fp in ca_lines[-1] for fp in built_cell.ca_fingerprints), (built_cell.ca_fingerprints, ca_lines[-1])
+    assert not [m for m in built_cell.markers if m.decode(errors="ignore") in "\n".join(env_lines + ca_lines)]
+
+
+def test_the_classic_builder_is_refused_secrets(docker_client: docker.DockerClient, tmp_path: Path,
+                                                session_labels: dict[str, str]) -> None:
+    """The classic builder has no secret mounts: Docker's own refuses a RUN --mount, and our
+    engine refuses to build with CA or pip/proxy settings at all rather than pass them as build
+    args or files (both end up in the image)."""
+    secret = tmp_path / "build-env"
+    secret.write_text("export PIP_INDEX_URL=https://user:ptmg-classic-secret@example.invalid/simple\n")
+    (tmp_path / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN --mount=type=secret,id=build-env "
+                                         "cat /run/secrets/build-env\n")
+    classic = subprocess.run(["docker", "build", "-q", str(tmp_path)], env={**os.environ, "DOCKER_BUILDKIT": "0"},
+                             capture_output=True, text=True, timeout=300, check=False)
+    assert classic.returncode != 0 and "BuildKit" in classic.stderr, classic.stderr
+    req = BuildRequest(context=tmp_path, dockerfile=tmp_path / "Dockerfile", labels=session_labels,
+                       secrets={"build-env": secret}, log_path=tmp_path / "build.log")
+    seen: list[str] = []
+    outcome = Engine(docker_client).build(req, seen.append, cli=None)
+    assert not outcome.ok and outcome.builder == "classic" and outcome.image_id is None
+    assert "only BuildKit can carry without leaving them in the image" in outcome.failed_step
+    assert seen == [] and not req.log_path.exists(), "nothing may have been sent to the builder"
 
 
 def test_unchanged_rebuild_is_skipped_fast(built_cell: BuiltCell) -> None:

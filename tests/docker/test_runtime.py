@@ -1,31 +1,41 @@
 """The image runtime as a user meets it: start.sh, the supervisor, Jupyter, SSH,
-TensorBoard, the healthcheck, uid remap and the start diagnostics.
+TensorBoard, the healthcheck, uid remap and the start diagnostics, and the boundaries
+around them that a client can probe (tests/docker/test_root_boundary.py attacks the
+root boundary from inside).
 
 Real image, real clients: requests + websocket-client against Jupyter's REST and
-kernel protocol, headless Chromium over the DevTools protocol, the OpenSSH client.
-Every port is published on 127.0.0.1 only, on a random host port.
+kernel protocol, headless Chromium over the DevTools protocol, the OpenSSH client,
+paramiko (to really send a password), ssh-audit. Every port is published on 127.0.0.1
+only, on a random host port.
 
-    python -m pytest -m docker tests/integration/test_runtime.py
-    PTMG_TEST_IMAGE=<tag> python -m pytest -m docker tests/integration/test_runtime.py
+    python -m pytest tests/docker/test_runtime.py
+    PTMG_TEST_IMAGE=<tag> python -m pytest tests/docker/test_runtime.py
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
+import socket
 import subprocess
+import sys
 import tarfile
 import time
 import uuid
+import zipfile
 from pathlib import Path
 from typing import IO, Any, cast
 
 import docker
+import paramiko
 import pytest
 import requests
 import websocket
 
+import ptmg_contract as contract
 from tests.browser import BrowserMissing, Chrome
 from tests.support import host_port, wait_until
 
@@ -39,6 +49,11 @@ ARTIFACTS = Path(os.environ.get("PTMG_TEST_ARTIFACTS", Path(__file__).resolve().
 SSH_OPTS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
             "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-o", "LogLevel=ERROR"]
 NS = 1_000_000_000  # docker healthcheck durations are in nanoseconds
+#: How the docs start a container as root (only for PT_UID/PT_GID): see docs/security.md.
+ROOT_MODE: dict[str, Any] = {"user": "0", "working_dir": contract.ROOT_WORKDIR}
+ROOT_MODE_ENV = {"PATH": contract.ROOT_PATH}
+#: What a root `docker exec` in a test runs with: absolute paths and this environment.
+ROOT_EXEC_ENV = {"PATH": contract.ROOT_PATH}
 
 
 # ---------------------------------------------------------------------- helpers
@@ -54,8 +69,10 @@ def logs(c: Any) -> str:
     return str(c.logs().decode(errors="replace"))
 
 
-def exec_ok(c: Any, cmd: list[str] | str, user: str = "root") -> str:
-    result = c.exec_run(cmd, user=user)
+def exec_ok(c: Any, cmd: list[str] | str, user: str = contract.USER) -> str:
+    """`docker exec` as pt (the image's user); as root only with absolute paths and a root-only PATH."""
+    env = ROOT_EXEC_ENV if user in ("0", "root") else None
+    result = c.exec_run(cmd, user=user, environment=env, workdir="/" if env else None)
     out = str(result.output.decode(errors="replace"))
     assert result.exit_code == 0, f"{cmd!r} in {c.name} exited {result.exit_code}: {out}"
     return out
@@ -286,6 +303,101 @@ def run_in_kernel(url: str, token: str, code: str, timeout: float = 120) -> str:
         requests.delete(f"{url}/api/kernels/{kid}", headers=auth(token), timeout=30)
 
 
+SECRET_FILE = "ptmg-secret.txt"
+SECRET_TEXT = "ptmg-route-secret-" + uuid.uuid4().hex
+#: Every route class Jupyter serves here, by method; the token (or the login cookie) is the
+#: only way in. `GET /api` (the server version) and /static are public by design.
+ROUTES_GET = ["/api/kernels", "/api/sessions", "/api/contents", f"/api/contents/{SECRET_FILE}", "/api/terminals",
+              "/api/kernelspecs", "/api/me", "/api/status", "/api/config/notebook", "/lab/api/settings",
+              f"/files/{SECRET_FILE}", f"/view/{SECRET_FILE}", f"/proxy/{contract.TENSORBOARD_PORT}/",
+              "/tensorboard/", "/tensorboard/data/runs", "/lab",
+              "/lab/tree/x", "/metrics"]
+ROUTES_POST = ["/api/kernels", "/api/sessions", "/api/contents", "/api/terminals", "/api/shutdown"]
+
+
+def _refused(r: requests.Response) -> bool:
+    """403/401, or a redirect to the login page; never the content."""
+    if SECRET_TEXT in r.text:
+        return False
+    return r.status_code in (401, 403) or (r.status_code in (301, 302, 303, 307)
+                                           and "/login" in r.headers.get("Location", ""))
+
+
+def _ws_status(url: str, headers: dict[str, str] | None = None, cookie: str | None = None,
+               origin: str | None = None) -> int:
+    try:
+        ws = websocket.create_connection(url, header=headers or {}, cookie=cookie, origin=origin, timeout=15)
+    except websocket.WebSocketBadStatusException as exc:
+        return int(exc.status_code)
+    ws.close()
+    return 101
+
+
+def test_jupyter_refuses_every_route_without_the_token(container: Any) -> None:
+    """REST, websockets (kernel channels, terminals, events), files, the server proxy and
+    TensorBoard behind it, the Lab UI: without a token and with a wrong one (header and
+    query), all refused; with the token, each one answers (so a refusal is not a 404).
+    A cross-origin POST with the login cookie but no XSRF token is refused too."""
+    c = start_lab(container, extra_ports=())
+    url = wait_jupyter(c)
+    exec_ok(c, ["sh", "-c", f"echo {SECRET_TEXT} > /workspace/{SECRET_FILE}"])
+    wait_until(lambda: requests.get(f"{url}/tensorboard/", headers=auth(TOKEN), timeout=10).status_code == 200,
+               START_TIMEOUT, what="TensorBoard behind the proxy")
+    kid = requests.post(f"{url}/api/kernels", headers=auth(TOKEN), json={"name": "python3"}, timeout=60).json()["id"]
+    term = requests.post(f"{url}/api/terminals", headers=auth(TOKEN), timeout=60).json()["name"]
+    table: list[str] = []
+    try:
+        for path in ROUTES_GET:
+            good = requests.get(f"{url}{path}", headers=auth(TOKEN), allow_redirects=False, timeout=30)
+            assert good.status_code in (200, 302) and not _refused(good), f"GET {path} with the token: {good.status_code}"
+            for how, kwargs in (("no token", {}), ("wrong token", {"headers": auth("wrong")}),
+                                ("wrong ?token=", {"params": {"token": "wrong"}})):
+                r = requests.get(f"{url}{path}", allow_redirects=False, timeout=30, **kwargs)  # type: ignore[arg-type]
+                table.append(f"GET {path} {how}: {r.status_code}")
+                assert _refused(r), f"GET {path} ({how}) answered {r.status_code}: {r.text[:200]}"
+        for path in ROUTES_POST:
+            for how, headers in (("no token", {}), ("wrong token", auth("wrong"))):
+                r = requests.post(f"{url}{path}", headers=headers, json={}, allow_redirects=False, timeout=30)
+                table.append(f"POST {path} {how}: {r.status_code}")
+                assert _refused(r), f"POST {path} ({how}) answered {r.status_code}"
+        ws_base = url.replace("http://", "ws://")
+        for path in (f"/api/kernels/{kid}/channels", f"/terminals/websocket/{term}", "/api/events/subscribe"):
+            assert _ws_status(ws_base + path, auth(TOKEN)) == 101, f"WS {path} with the token"
+            attempts: list[tuple[str, dict[str, str] | None]] = [("no token", None), ("wrong token", auth("wrong"))]
+            for how, ws_headers in attempts:
+                status = _ws_status(ws_base + path, ws_headers)
+                table.append(f"WS {path} {how}: {status}")
+                assert status in (401, 403), f"WS {path} ({how}) answered {status}"
+            status = _ws_status(ws_base + path + "?token=wrong")
+            table.append(f"WS {path}?token=wrong: {status}")
+            assert status in (401, 403)
+        # A browser session (cookie from ?token=) from another origin, without the XSRF token.
+        browser = requests.Session()
+        assert browser.get(f"{url}/lab?token={TOKEN}", timeout=30).status_code == 200
+        xsrf = browser.cookies.get("_xsrf")
+        assert xsrf, "the login sets an _xsrf cookie"
+        evil = {"Origin": "http://evil.example", "Referer": "http://evil.example/"}
+        for path in ("/api/contents", "/api/kernels", "/api/terminals"):
+            r = browser.post(f"{url}{path}", headers=evil, json={}, timeout=30)
+            table.append(f"POST {path} cross-origin, cookie, no XSRF: {r.status_code}")
+            assert r.status_code in (403, 404), f"cross-origin POST {path} answered {r.status_code}"
+            r = browser.post(f"{url}{path}", json={}, timeout=30)
+            table.append(f"POST {path} same-origin, cookie, no XSRF: {r.status_code}")
+            assert r.status_code == 403, f"POST {path} without XSRF answered {r.status_code}"
+        cookie = "; ".join(f"{k}={v}" for k, v in browser.cookies.items())
+        status = _ws_status(f"{ws_base}/api/kernels/{kid}/channels", cookie=cookie, origin="http://evil.example")
+        table.append(f"WS kernel channels cross-origin with the cookie: {status}")
+        assert status in (401, 403)
+        # The control: the same session with the XSRF token, same origin, is let in.
+        ok = browser.post(f"{url}/api/contents", headers={"X-XSRFToken": xsrf}, json={"type": "notebook"}, timeout=30)
+        assert ok.status_code == 201, ok.text
+    finally:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        (ARTIFACTS / "jupyter-routes.txt").write_text("\n".join(table) + "\n")
+        requests.delete(f"{url}/api/kernels/{kid}", headers=auth(TOKEN), timeout=30)
+        requests.delete(f"{url}/api/terminals/{term}", headers=auth(TOKEN), timeout=30)
+
+
 def test_kernel_imports_the_image_torch(container: Any, expected_torch: str) -> None:
     c = start_lab(container, {"TENSORBOARD": "off"})
     url = wait_jupyter(c)
@@ -410,15 +522,6 @@ def test_ssh_login_gets_the_container_environment(container: Any, ssh_key: tuple
     assert "/opt/venv/bin/python" in shell.stdout and "/workspace" in shell.stdout, shell.stdout
 
 
-def test_login_shell_as_pt_keeps_the_container_environment(container: Any) -> None:
-    """Debian's /etc/profile resets PATH; /etc/profile.d/pt-multi-gpu.sh (written at start) restores it."""
-    c = container.run(command=["sleep", "120"])
-    wait_until(lambda: c.exec_run(["test", "-e", "/etc/profile.d/pt-multi-gpu.sh"]).exit_code == 0, 30,
-               what="the profile hook")
-    out = exec_ok(c, ["bash", "-lc", "command -v python; echo $PTMG_CELL"], user="pt").split()
-    assert out[0] == "/opt/venv/bin/python"
-
-
 def test_ssh_between_containers_on_a_network(container: Any, network: Any, ssh_key: tuple[Path, str],
                                              expected_torch: str) -> None:
     """Multi-node style: one container reaches another's sshd by name over a Docker network."""
@@ -435,36 +538,162 @@ def test_ssh_between_containers_on_a_network(container: Any, network: Any, ssh_k
     assert out.strip().splitlines()[-1] == expected_torch
 
 
-def test_ssh_refuses_passwords_and_root(container: Any, ssh_key: tuple[Path, str]) -> None:
+PASSWORD_FOR_PT = "ptmg-" + uuid.uuid4().hex  # set on pt in the container, sent by a real client
+
+
+def _password_auth(port: int, user: str, password: str) -> str:
+    """Send `password` for `user` over a real SSH transport (paramiko); return how it ended."""
+    transport = paramiko.Transport((LOCAL, port))
+    try:
+        transport.start_client(timeout=30)
+        try:
+            transport.auth_password(user, password)
+        except paramiko.BadAuthenticationType as exc:
+            return f"refused, server allows only {exc.allowed_types}"
+        except paramiko.AuthenticationException as exc:
+            return f"refused: {exc}"
+        return "ACCEPTED"
+    finally:
+        transport.close()
+
+
+def test_ssh_refuses_a_real_password_and_root_with_an_authorized_key(container: Any,
+                                                                     ssh_key: tuple[Path, str]) -> None:
+    """Can fail: pt gets a real password (proved by `su`), root gets the key that logs pt in,
+    in every place sshd could look for it; both are then really tried, and refused."""
     key, pub = ssh_key
     c = container.run(environment={"JUPYTER": "off", "TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub},
                       ports=publish("22/tcp"))
     port = wait_ssh(c)
+    exec_ok(c, ["/bin/sh", "-c", f"echo 'pt:{PASSWORD_FOR_PT}' | /usr/sbin/chpasswd"], user="0")
+    proof = c.exec_run(["/bin/sh", "-c", f"echo '{PASSWORD_FOR_PT}' | /bin/su -c 'id -un' pt"], user=contract.USER)
+    assert proof.exit_code == 0 and b"pt" in proof.output, f"the password was not set: {proof.output!r}"
+    # Root: the same key, in root's own authorized_keys and in the file sshd reads for %u=root.
+    keys_file = state(c)["services"]["sshd"]["argv"]
+    keys_dir = next(a.split()[1].rsplit("/", 1)[0] for a in keys_file if a.startswith("AuthorizedKeysFile "))
+    exec_ok(c, ["/bin/sh", "-c", f"/usr/bin/install -d -m 700 /root/.ssh && echo '{pub}' > /root/.ssh/authorized_keys"
+                f" && echo '{pub}' > {keys_dir}/root"], user="0")
+
+    assert _password_auth(port, "pt", PASSWORD_FOR_PT) == "refused, server allows only ['publickey']"
+    assert _password_auth(port, "root", PASSWORD_FOR_PT).startswith("refused")
     pw = ssh(port, None, "true", extra=("-o", "PreferredAuthentications=password,keyboard-interactive",
                                         "-o", "PubkeyAuthentication=no"))
-    assert pw.returncode == 255
-    # The server lists what it accepts: publickey, nothing else.
-    assert "Permission denied (publickey)." in pw.stderr, pw.stderr
+    assert pw.returncode == 255 and "Permission denied (publickey)." in pw.stderr, pw.stderr
     root = ssh(port, key, "true", user="root")
     assert root.returncode == 255 and "Permission denied (publickey)." in root.stderr, root.stderr
-    assert ssh(port, key, "true").returncode == 0
+    assert ssh(port, key, "id -un").stdout.strip() == "pt"  # the same key, for pt: in
 
 
-def test_sshd_effective_policy(container: Any, ssh_key: tuple[Path, str]) -> None:
+def test_sshd_runs_as_pt_with_the_hardened_policy(container: Any, ssh_key: tuple[Path, str]) -> None:
     _, pub = ssh_key
     c = container.run(environment={"JUPYTER": "off", "TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub},
                       ports=publish("22/tcp"))
     wait_ssh(c)
-    argv = state(c)["services"]["sshd"]["argv"]  # exactly how the supervisor runs sshd
+    entry = state(c)["services"]["sshd"]
+    argv = entry["argv"]  # exactly how the supervisor runs sshd
+    status = exec_ok(c, ["cat", f"/proc/{entry['pid']}/status"])
+    assert re.search(r"^Uid:\s+1000\s+1000\s+1000\s+1000$", status, re.M), "sshd must run as pt, not root"
     effective = exec_ok(c, [argv[0], "-T", *[a for a in argv[1:] if a not in ("-D", "-e")]])
     policy = dict(line.split(" ", 1) for line in effective.splitlines() if " " in line)
-    assert policy["passwordauthentication"] == "no"
-    assert policy["kbdinteractiveauthentication"] == "no"
-    assert policy["permitrootlogin"] == "no"
-    assert policy["pubkeyauthentication"] == "yes"
-    assert policy["allowusers"] == "pt"
-    assert policy["permitemptypasswords"] == "no"
-    assert policy["authenticationmethods"] == "publickey"
+    expected = {
+        "passwordauthentication": "no", "kbdinteractiveauthentication": "no", "permitrootlogin": "no",
+        "pubkeyauthentication": "yes", "allowusers": "pt", "permitemptypasswords": "no",
+        "authenticationmethods": "publickey", "usepam": "no", "allowagentforwarding": "no",
+        "allowstreamlocalforwarding": "no", "x11forwarding": "no", "permittunnel": "no",
+        "allowtcpforwarding": "local", "gatewayports": "no", "permitlisten": "none", "permituserrc": "no",
+        "permitopen": "127.0.0.1:8888 localhost:8888", "persourcemaxstartups": "4", "port": "22",
+    }
+    assert {k: policy.get(k) for k in expected} == expected
+    for weak in ("ecdh-sha2-nistp", "hmac-sha1", "diffie-hellman-group14", "umac-64"):
+        assert weak not in policy["kexalgorithms"] + policy["macs"], weak
+
+
+def test_ssh_audit_finds_nothing_that_fails(container: Any, ssh_key: tuple[Path, str]) -> None:
+    """ssh-audit (PyPI) against the running container: no algorithm or setting it fails."""
+    _, pub = ssh_key
+    c = container.run(environment={"JUPYTER": "off", "TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub},
+                      ports=publish("22/tcp"))
+    port = wait_ssh(c)
+    audit = Path(sys.executable).with_name("ssh-audit")
+    if not audit.exists():
+        pytest.fail(f"{audit} is missing. Fix: pip install -e '.[dev]' (ssh-audit is a dev dependency)",
+                    pytrace=False)
+    r = subprocess.run([str(audit), "-j", "-p", str(port), LOCAL], capture_output=True, text=True, timeout=300,
+                       check=False)
+    report = json.loads(r.stdout)
+    fails = [(kind, a["algorithm"], n) for kind in ("kex", "key", "enc", "mac") for a in report.get(kind, [])
+             for n in (a.get("notes") or {}).get("fail", [])]
+    warns = [(kind, a["algorithm"]) for kind in ("kex", "key", "enc", "mac") for a in report.get(kind, [])
+             if (a.get("notes") or {}).get("warn")]
+    text = subprocess.run([str(audit), "-n", "-p", str(port), LOCAL], capture_output=True, text=True, timeout=300,
+                          check=False).stdout
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "ssh-audit.txt").write_text(text)
+    print(f"ssh-audit: {len(fails)} fail, {len(warns)} warn: {warns}")
+    assert not fails, f"ssh-audit fails: {fails}"
+    assert report["banner"]["software"].startswith("OpenSSH")
+
+
+def _ssh_forward(port: int, key: Path, spec: list[str], command: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ssh", *SSH_OPTS, "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "ExitOnForwardFailure=yes",
+                           *spec, "-p", str(port), f"pt@{LOCAL}", command],
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOCAL, 0))
+        return int(s.getsockname()[1])
+
+
+def test_ssh_forwards_only_local_tunnels_to_jupyter_and_tensorboard(container: Any, ssh_key: tuple[Path, str],
+                                                                     tmp_path: Path) -> None:
+    key, pub = ssh_key
+    c = container.run(environment={"JUPYTER_TOKEN": TOKEN, "SSH_AUTHORIZED_KEYS": pub}, ports=publish("22/tcp"))
+    port = wait_ssh(c)
+    wait_until(lambda: "ready: jupyter, tensorboard, sshd" in logs(c), START_TIMEOUT, what="all services ready")
+
+    def tunnel(target: str) -> tuple[subprocess.Popen[str], int]:
+        local = _free_port()
+        proc = subprocess.Popen(["ssh", *SSH_OPTS, "-i", str(key), "-o", "IdentitiesOnly=yes", "-N",
+                                 "-L", f"{local}:{target}", "-p", str(port), f"pt@{LOCAL}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        return proc, local
+
+    # The tunnels the docs describe work (probed from the host while the session lives).
+    for target, path in ((f"127.0.0.1:{contract.JUPYTER_PORT}", "/api/status"),
+                         (f"localhost:{contract.TENSORBOARD_PORT}", "/")):
+        proc, local = tunnel(target)
+        try:
+            url = f"http://{LOCAL}:{local}{path}"
+            status = wait_until(lambda u=url: requests.get(u, headers=auth(TOKEN), timeout=5).status_code,  # type: ignore[misc]
+                                60, interval=0.5, what=f"ssh -L {target}")
+            assert status == 200
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=30)
+    # Anywhere else: the channel is refused (PermitOpen).
+    proc, local = tunnel("127.0.0.1:22")
+    try:
+        wait_until(lambda: socket.create_connection((LOCAL, local), timeout=2), 60, interval=0.5,
+                   what="the local end of the tunnel")
+        with socket.create_connection((LOCAL, local), timeout=10) as sock:
+            sock.settimeout(10)
+            assert sock.recv(64) == b"", "ssh -L to sshd's own port must be refused"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "administratively prohibited" in err, err
+    # Remote listeners, unix-socket forwarding and the agent: refused.
+    remote = _ssh_forward(port, key, ["-R", "0:127.0.0.1:9"], "true")
+    assert remote.returncode != 0 and "remote port forwarding failed" in remote.stderr, remote.stderr
+    stream = _ssh_forward(port, key, ["-L", f"{tmp_path}/s.sock:/run/pt-multi-gpu/any.sock"], "true")
+    assert stream.returncode != 0, stream.stderr
+    agent = subprocess.run(["ssh-agent", "sh", "-c",
+                            f"ssh-add -q {key} && ssh {' '.join(SSH_OPTS)} -A -i {key} -p {port} pt@{LOCAL} "
+                            "'echo agent=${SSH_AUTH_SOCK:-none}'"],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert "agent=none" in agent.stdout, (agent.stdout, agent.stderr)
 
 
 def test_sshd_stays_off_without_a_key(container: Any) -> None:
@@ -636,28 +865,173 @@ def test_uid_remap_owns_files_on_a_bind_mount(container: Any, tmp_path: Path, ui
     work.mkdir()
     os.chown(work, uid, gid)  # a host user's directory
     code, out = container.run_and_wait(
-        ["sh", "-c", "id -u; id -g; touch made-in-container; ls -ld /home/pt | awk '{print $3}'"],
-        environment={"PT_UID": str(uid), "PT_GID": str(gid)},
-        volumes={str(work): {"bind": "/workspace", "mode": "rw"}}, timeout=60)
+        ["sh", "-c", "id -u; id -g; pwd; touch made-in-container; ls -ld /home/pt | awk '{print $3}'"],
+        environment={"PT_UID": str(uid), "PT_GID": str(gid), **ROOT_MODE_ENV},
+        volumes={str(work): {"bind": "/workspace", "mode": "rw"}}, timeout=60, **ROOT_MODE)
     assert code == 0, out
     lines = [line for line in out.splitlines() if not line.startswith("[ptmg]")]
-    assert lines[:3] == [str(uid), str(gid), "pt"], out
+    assert lines[:4] == [str(uid), str(gid), "/workspace", "pt"], out
     made = (work / "made-in-container").stat()
     assert (made.st_uid, made.st_gid) == (uid, gid)
 
 
-def test_non_root_user_skips_remap_and_sshd_but_serves(container: Any, ssh_key: tuple[Path, str]) -> None:
+def _wheel(dest: Path, name: str, version: str) -> Path:
+    """A minimal pure-Python wheel (one module), made here: pip installs it with --no-index."""
+    dist = f"{name}-{version}.dist-info"
+    files = {f"{name}/__init__.py": f"__version__ = {version!r}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: ptmg-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{dist}/RECORD"] = "\n".join([*record, f"{dist}/RECORD,,"]) + "\n"
+    out = dest / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(out, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    out.chmod(0o644)
+    return out
+
+
+def test_pip_install_and_upgrade_as_pt_after_a_uid_and_gid_remap(container: Any, tmp_path: Path) -> None:
+    """The venv is never re-owned (that would copy gigabytes into the container): pt keeps
+    write access through the venv's group. A new package installs; a package from the image's
+    own layers is replaced (an upgrade: pip deletes its files there, which needs the group's
+    write access on those directories)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    wheels.chmod(0o755)
+    new = _wheel(wheels, "ptmg_probe", "1.0")
+    upgrade = _wheel(wheels, "iniconfig", "99.0.0")  # pytest's dependency, in the image's tools layer
+    c = container.run(command=["sleep", "600"], environment={"PT_UID": "4242", "PT_GID": "4242", **ROOT_MODE_ENV},
+                      volumes={str(wheels): {"bind": "/wheels", "mode": "ro"}}, **ROOT_MODE)
+    wait_until(lambda: "4242" in exec_ok(c, ["id", "-u"]), 60, what="the remap")
+    groups = exec_ok(c, ["id", "-G"]).split()
+    assert groups[0] == "4242" and str(contract.VENV_GID) in groups, groups
+    site = exec_ok(c, ["python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip()
+    assert exec_ok(c, ["stat", "-c", "%u %G", site]).split() == [str(contract.UID), contract.VENV_GROUP]
+    before = exec_ok(c, ["python", "-c", "import iniconfig, importlib.metadata as m; print(m.version('iniconfig'))"])
+    out = exec_ok(c, ["pip", "install", "--no-index", "--no-deps", f"/wheels/{new.name}", f"/wheels/{upgrade.name}"])
+    assert "Successfully installed" in out, out
+    after = exec_ok(c, ["python", "-c", "import ptmg_probe, iniconfig; print(ptmg_probe.__version__, "
+                                       "iniconfig.__version__)"]).split()
+    assert after == ["1.0", "99.0.0"], (before, after)
+    assert exec_ok(c, ["stat", "-c", "%u", f"{site}/ptmg_probe/__init__.py"]).strip() == "4242"
+
+
+def test_arbitrary_user_serves_jupyter_without_sshd(container: Any, ssh_key: tuple[Path, str]) -> None:
+    """--user UID:GID without a passwd entry (OpenShift style): Jupyter and the healthcheck
+    work; sshd needs a user it can log in and stays off, saying why."""
     _, pub = ssh_key
-    code, out = container.run_and_wait(["id", "-u"], user="1000", timeout=60)
-    assert code == 0 and "1000" in out.splitlines()
-    assert "not root" in out
-    c = start_lab(container, {"TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub}, user="1000")
+    code, out = container.run_and_wait(["id", "-u"], user="4242:4242", timeout=60)
+    assert code == 0 and "4242" in out.splitlines()
+    c = start_lab(container, {"TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub}, user="4242:4242")
     url = wait_jupyter(c)
     assert requests.get(f"{url}/api/status", headers=auth(TOKEN), timeout=10).status_code == 200
-    assert "sshd needs root" in logs(c)
+    assert "has no entry in /etc/passwd" in logs(c)
     health_out = wait_until(lambda: (r := c.exec_run([f"{ENTRYPOINT}/healthcheck"])).exit_code == 0
-                            and r.output.decode(), 30, what="healthcheck as uid 1000")
+                            and r.output.decode(), 30, what="healthcheck as uid 4242")
     assert "jupyter: ok" in health_out
+
+
+# -------------------------------------------------------------- who runs as what
+def test_docker_exec_without_u_is_pt_in_the_workspace(container: Any) -> None:
+    c = container.run(command=["sleep", "120"])
+    out = exec_ok(c, ["sh", "-c", "id -un; id -u; pwd; command -v python"], user="").split()
+    assert out == ["pt", "1000", "/workspace", "/opt/venv/bin/python"]
+    image_user = c.attrs["Config"]["User"]
+    assert image_user == str(contract.UID), "the image's USER is pt (numeric: runAsNonRoot can check it)"
+
+
+def test_root_start_needs_root_only_paths_and_runs_everything_as_pt(container: Any, ssh_key: tuple[Path, str]) -> None:
+    """--user 0 with the image's PATH (/opt/venv/bin first, pt's) or WORKDIR (/workspace, pt's)
+    is refused before anything runs; with the documented flags it remaps and every process
+    but tini is pt, while `docker exec` (root there) gets only root-owned paths."""
+    _, pub = ssh_key
+    env = {"PT_UID": "4242", "PT_GID": "4242", "JUPYTER_TOKEN": TOKEN, "SSH_AUTHORIZED_KEYS": pub}
+    code, out = container.run_and_wait(None, environment=env, user="0", timeout=60)
+    assert code == 2, out
+    assert "ERROR: started as root, but `docker exec` would run root with what pt controls: PATH entry /opt/venv/bin" in out
+    assert f"-w {contract.ROOT_WORKDIR} -e PATH={contract.ROOT_PATH}" in out
+    c = start_lab(container, {**env, **ROOT_MODE_ENV}, extra_ports=("22/tcp",), **ROOT_MODE)
+    wait_jupyter(c)
+    wait_until(lambda: "ready: jupyter, tensorboard, sshd" in logs(c), START_TIMEOUT, what="all services ready")
+    table = exec_ok(c, ["/bin/ps", "-eo", "uid=,comm="], user="0")
+    owners = {line.split(None, 1)[1]: line.split()[0] for line in table.splitlines() if line.strip()}
+    root_procs = sorted(name for name, uid in owners.items() if uid == "0" and name not in ("ps",))
+    assert root_procs == ["tini"], table
+    assert owners["sshd"] == owners["jupyter-lab"] == "4242"
+    exec_env = c.exec_run(["/usr/bin/env"]).output.decode()  # no -u: root in this container
+    assert f"PATH={contract.ROOT_PATH}\n" in exec_env
+    assert c.exec_run(["/bin/pwd"]).output.decode().strip() == contract.ROOT_WORKDIR
+    assert c.exec_run(["/usr/bin/id", "-u"]).output.decode().strip() == "0"
+    # pt's processes still have the venv first and work in /workspace.
+    assert exec_ok(c, ["sh", "-c", "command -v python; pwd"]).split() == ["/opt/venv/bin/python", "/workspace"]
+    health = exec_ok(c, [f"{ENTRYPOINT}/healthcheck"], user="0")
+    assert "jupyter: ok" in health and "sshd: ok" in health
+
+
+def test_login_shells_read_the_container_environment_for_pt_only(container: Any) -> None:
+    """Debian's /etc/profile resets PATH; /etc/profile.d/pt-multi-gpu.sh restores it from the
+    file pt's supervisor wrote, in pt's login shells only: root's never read a file of pt's."""
+    c = container.run(command=["sleep", "120"])
+    wait_until(lambda: c.exec_run(["test", "-e", "/run/pt-multi-gpu/session-env.sh"]).exit_code == 0, 30,
+               what="the session environment")
+    out = exec_ok(c, ["bash", "-lc", "command -v python; echo $PTMG_CELL"]).split()
+    assert out[0] == "/opt/venv/bin/python"
+    exec_ok(c, ["sh", "-c", "echo 'export PTMG_PLANTED=by-pt' >> /run/pt-multi-gpu/session-env.sh"])
+    root = exec_ok(c, ["/bin/bash", "-lc", "echo PATH=$PATH; echo planted=${PTMG_PLANTED:-no}"], user="0")
+    assert "planted=no" in root and "/opt/venv" not in root, root
+    owner = exec_ok(c, ["/usr/bin/stat", "-c", "%U %a", "/etc/profile.d/pt-multi-gpu.sh"], user="0").split()
+    assert owner == ["root", "644"]
+
+
+# ------------------------------------------------------------------------ secrets
+def test_secret_files_stay_out_of_docker_exec_and_win_over_variables(container: Any, tmp_path: Path) -> None:
+    """A secret given as a variable is in `docker inspect` and in every `docker exec`'s
+    environment (that is Docker's doing); given as a file it is in neither, and a file wins
+    over a variable set as well (with a warning that names no value)."""
+    secret = tmp_path / "jupyter_token"
+    secret.write_text(TOKEN + "\n")
+    secret.chmod(0o644)
+    c = container.run(environment={"TENSORBOARD": "off", "JUPYTER_TOKEN": "env-value-not-used"},
+                      volumes={str(secret): {"bind": "/run/secrets/jupyter_token", "mode": "ro"}},
+                      ports=publish("8888/tcp"))
+    url = wait_jupyter(c)
+    assert requests.get(f"{url}/api/status", headers=auth(TOKEN), timeout=10).status_code == 200
+    assert requests.get(f"{url}/api/status", headers=auth("env-value-not-used"), timeout=10).status_code == 403
+    assert "JUPYTER_TOKEN is set but ignored: /run/secrets/jupyter_token is used" in logs(c)
+    assert "env-value-not-used" not in logs(c) and TOKEN not in logs(c)
+    pid = state(c)["services"]["jupyter"]["pid"]
+    assert "JUPYTER_TOKEN" not in exec_ok(c, ["cat", f"/proc/{pid}/environ"])
+    quiet = container.run(environment={"TENSORBOARD": "off"}, ports=publish("8888/tcp"),
+                          volumes={str(secret): {"bind": "/run/secrets/jupyter_token", "mode": "ro"}})
+    wait_jupyter(quiet)
+    assert TOKEN not in exec_ok(quiet, ["env"])
+    assert not any(TOKEN in e for e in quiet.attrs["Config"]["Env"])
+
+
+def test_tampered_token_files_neither_crash_nor_lock_out(container: Any) -> None:
+    """pt owns Jupyter's token file (Jupyter reads it): a newline in it, or a directory in its
+    place, must not take the supervisor down, nor stop the container from starting again."""
+    hc = {"test": ["CMD", f"{ENTRYPOINT}/healthcheck"], "interval": NS, "timeout": 3 * NS, "retries": 3,
+          "start_period": 0}
+    c = start_lab(container, {"TENSORBOARD": "off"}, healthcheck=hc)
+    wait_jupyter(c)
+    token_file = f"{contract.STATE_DIR}/jupyter/token"
+    exec_ok(c, ["sh", "-c", f"printf 'a\\nb' > {token_file}"])
+    pid = state(c)["services"]["jupyter"]["pid"]
+    exec_ok(c, ["kill", "-KILL", str(pid)])
+    wait_until(lambda: state(c)["services"]["jupyter"]["restarts"] >= 1, 60, what="the supervisor restarting Jupyter")
+    c.reload()
+    assert c.status == "running", logs(c)[-2000:]
+    assert c.exec_run([f"{ENTRYPOINT}/healthcheck"]).exit_code in (0, 1)  # an answer, not a traceback
+    exec_ok(c, ["sh", "-c", f"rm -f {token_file} && mkdir {token_file}"])
+    c.restart(timeout=10)
+    url = wait_jupyter(c)
+    assert requests.get(f"{url}/api/status", headers=auth(TOKEN), timeout=10).status_code == 200
+    wait_until(lambda: health(c) == "healthy", START_TIMEOUT, what="healthy after the restart")
 
 
 # -------------------------------------------------------------------- diagnostics

@@ -20,7 +20,7 @@ def test_services_mode_defaults() -> None:
     assert load_settings(SERVICES, {}) == Settings(
         mode="services", argv=(), jupyter=True, jupyter_port=contract.JUPYTER_PORT, ssh="auto", tensorboard="on",
         tensorboard_port=contract.TENSORBOARD_PORT, tensorboard_logdir=f"{contract.WORKDIR}/runs", pt_uid=None,
-        pt_gid=None, ssh_host_key_dir=contract.SSH_HOST_KEY_DIR, diagnostics=True)
+        pt_gid=None, ssh_host_key_dir=contract.SSH_HOST_KEY_DIR, diagnostics=True, ssh_port=contract.SSH_PORT)
 
 
 def test_command_mode_runs_the_command_alone_by_default() -> None:
@@ -47,11 +47,11 @@ def test_a_command_gets_a_service_when_asked() -> None:
 def test_every_setting_is_read() -> None:
     env = {"JUPYTER": "off", "JUPYTER_PORT": "9999", "SSH": "on", "TENSORBOARD": "port", "TENSORBOARD_PORT": "7007",
            "TENSORBOARD_LOGDIR": "/data/tb", "PT_UID": "4242", "PT_GID": "4343", "SSH_HOST_KEY_DIR": "/keys",
-           "PTMG_DIAGNOSTICS": "off"}
+           "PTMG_DIAGNOSTICS": "off", "SSH_PORT": "2222"}
     assert load_settings(SERVICES, env) == Settings(
         mode="services", argv=(), jupyter=False, jupyter_port=9999, ssh="on", tensorboard="port",
         tensorboard_port=7007, tensorboard_logdir="/data/tb", pt_uid=4242, pt_gid=4343, ssh_host_key_dir="/keys",
-        diagnostics=False)
+        diagnostics=False, ssh_port=2222)
 
 
 @pytest.mark.parametrize(("raw", "on"), [("on", True), ("1", True), ("true", True), ("YES", True), (" On ", True),
@@ -105,10 +105,29 @@ def test_the_same_port_twice_is_an_error() -> None:
 
 
 # --- read_secret ---------------------------------------------------------------------------
-def test_secret_from_the_variable_wins_and_is_stripped(tmp_path: Path) -> None:
+def test_secret_from_the_variable_is_stripped() -> None:
+    assert read_secret({"TOKEN": "  direct \n"}, "TOKEN") == ("direct", "TOKEN")
+
+
+def test_a_secret_file_wins_over_the_variable_with_a_warning(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """A value in the environment is in `docker inspect` and every `docker exec`: a file wins."""
     f = tmp_path / "token"
     f.write_text("from-file\n")
-    assert read_secret({"TOKEN": "  direct \n", "TOKEN_FILE": str(f)}, "TOKEN") == ("direct", "TOKEN")
+    assert read_secret({"TOKEN": "  direct \n", "TOKEN_FILE": str(f)}, "TOKEN") == ("from-file", "TOKEN_FILE")
+    err = capsys.readouterr().err
+    assert "TOKEN is set but ignored: TOKEN_FILE is used" in err and "docker inspect" in err
+    assert "direct" not in err and "from-file" not in err
+
+
+def test_an_implicit_secret_file_is_read_without_a_variable(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "jupyter_token"
+    f.write_text("mounted\n")
+    assert read_secret({}, "TOKEN", f) == ("mounted", str(f))
+    assert read_secret({"TOKEN": "direct"}, "TOKEN", f) == ("mounted", str(f))
+    assert "TOKEN is set but ignored" in capsys.readouterr().err
+    assert read_secret({"TOKEN": "direct"}, "TOKEN", tmp_path / "absent") == ("direct", "TOKEN")
 
 
 def test_secret_from_the_file(tmp_path: Path) -> None:

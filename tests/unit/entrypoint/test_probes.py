@@ -70,12 +70,17 @@ def test_http_with_the_token_file_sends_the_token(http_port: int, tmp_path: Path
     assert _Handler.seen[-1]["Authorization"] == f"token {TOKEN}"
 
 
-@pytest.mark.parametrize("content", [None, ""])
-def test_http_without_a_readable_token_sends_none(http_port: int, tmp_path: Path, content: str | None) -> None:
+@pytest.mark.parametrize("content", [None, "", "a\nb", "with space", "caf\u00e9", "a\x00b"])
+def test_http_without_a_usable_token_sends_none(http_port: int, tmp_path: Path, content: str | None) -> None:
     f = tmp_path / "token"
     if content is not None:
         f.write_text(content)
-    ok, _ = probes.http_alive(http_port, "/api/status", 2.0, str(f))
+    ok, _ = probes.http_alive(http_port, "/api/status", 2.0, str(f))  # a newline used to raise ValueError
+    assert ok and "Authorization" not in _Handler.seen[-1]
+
+
+def test_a_directory_as_token_file_is_no_token(http_port: int, tmp_path: Path) -> None:
+    ok, _ = probes.http_alive(http_port, "/api/status", 2.0, str(tmp_path))
     assert ok and "Authorization" not in _Handler.seen[-1]
 
 
@@ -151,3 +156,4 @@ def test_probe_dispatches_on_the_state_entry(http_port: int, tmp_path: Path,
     assert probes.probe({"check": "pending"}) == (False, "enabled, still starting")
     assert probes.probe({"check": "failed"}) == (False, "enabled, but it could not be started (see the container log)")
     assert probes.probe({"check": "carrier-pigeon", "port": 1}) == (False, "unknown check 'carrier-pigeon'")
+    assert probes.probe({"check": "http", "port": "eighty"}) == (False, "bad port 'eighty'")

@@ -1,6 +1,7 @@
 """entrypoint/services.py's pure parts: secrets kept from user processes, authorized keys
-(parsed, merged from every source, deduplicated), the password-hash check, and what
-prepare_jupyter writes and passes on. No root, no sshd, no Jupyter."""
+(parsed, merged from every source, deduplicated), the password-hash check, what
+prepare_jupyter writes and passes on (never through a link, a directory in the way moved
+aside), and how sshd is started (its policy, the forwarding it allows). No root, no Jupyter."""
 
 from __future__ import annotations
 
@@ -112,7 +113,7 @@ def jupyter_env(tmp_path: Path) -> dict[str, str]:
 
 
 def _me(tmp_path: Path) -> RunAs:
-    return RunAs(os.getuid(), os.getgid(), str(tmp_path / "home"), "pt", ())
+    return RunAs(os.getuid(), os.getgid(), str(tmp_path / "home"), "pt")
 
 
 def test_jupyter_gets_a_generated_token_in_a_private_file(tmp_path: Path, jupyter_env: dict[str, str],
@@ -158,3 +159,104 @@ def test_jupyter_off_or_missing_is_no_service(tmp_path: Path, jupyter_env: dict[
     bare = {"PATH": str(tmp_path / "empty")}
     assert services.prepare_jupyter(load_settings([], bare), bare, _me(tmp_path), tmp_path, "/w") is None
     assert "jupyter-lab is not on PATH" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("token", ["two\nlines", "with space", "tab\there"])
+def test_jupyter_refuses_a_token_that_cannot_go_into_a_header(tmp_path: Path, jupyter_env: dict[str, str],
+                                                              token: str) -> None:
+    secret = tmp_path / "token"
+    secret.write_text(token)
+    env = {**jupyter_env, "JUPYTER_TOKEN_FILE": str(secret)}
+    with pytest.raises(ConfigError, match="JUPYTER_TOKEN_FILE: a Jupyter token must be printable ASCII"):
+        services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+
+
+def test_jupyter_token_never_written_through_a_link(tmp_path: Path, jupyter_env: dict[str, str]) -> None:
+    """A link (or a directory) where the token goes is replaced, its target never touched."""
+    state = tmp_path / "state"
+    (state / "jupyter").mkdir(parents=True)
+    target = tmp_path / "precious"
+    target.write_text("keep me\n")
+    (state / "jupyter" / "token").symlink_to(target)
+    (state / "jupyter" / "password-hash").mkdir()
+    env = {**jupyter_env, "JUPYTER_TOKEN": "tok", "JUPYTER_PASSWORD_HASH": "sha1:ab:cd"}
+    services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), state, "/w")
+    assert target.read_text() == "keep me\n"
+    token = state / "jupyter" / "token"
+    assert not token.is_symlink() and token.read_text() == "tok"
+    assert (state / "jupyter" / "password-hash").read_text() == "sha1:ab:cd"
+    assert len(list((state / "jupyter").glob(".password-hash.aside-*"))) == 1
+
+
+def test_jupyter_secret_dir_replaced_when_it_is_a_link(tmp_path: Path, jupyter_env: dict[str, str]) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (state / "jupyter").symlink_to(elsewhere)
+    env = {**jupyter_env, "JUPYTER_TOKEN": "tok"}
+    services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), state, "/w")
+    assert list(elsewhere.iterdir()) == []
+    assert (state / "jupyter").is_dir() and not (state / "jupyter").is_symlink()
+    assert stat.S_IMODE((state / "jupyter").stat().st_mode) == 0o700
+
+
+# --- sshd ------------------------------------------------------------------------------------
+def _policy() -> dict[str, str]:
+    lines = [line.split(None, 1) for line in services.SSHD_CONFIG.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    return {k.lower(): v for k, v in lines}
+
+
+def test_sshd_policy_is_keys_only_and_forwards_only_local_tcp() -> None:
+    p = _policy()
+    for key, value in {"permitrootlogin": "no", "passwordauthentication": "no", "kbdinteractiveauthentication": "no",
+                       "authenticationmethods": "publickey", "allowagentforwarding": "no",
+                       "allowstreamlocalforwarding": "no", "x11forwarding": "no", "permittunnel": "no",
+                       "allowtcpforwarding": "local", "gatewayports": "no", "permitlisten": "none",
+                       "permitopen": "none", "permituserrc": "no", "permituserenvironment": "no",
+                       "usepam": "no", "allowusers": "pt"}.items():
+        assert p.get(key) == value, key
+    assert "port" not in p, "the port comes from the supervisor (-o Port), or sshd would listen on two"
+    weak = ("ecdh-sha2-nistp", "diffie-hellman-group14", "diffie-hellman-group-exchange", "hmac-sha1", "umac-64",
+            "-cbc", "ssh-rsa,", "ecdsa")
+    for key in ("kexalgorithms", "macs", "ciphers", "hostkeyalgorithms"):
+        assert not [w for w in weak if w in p[key] + ","], (key, p[key])
+    assert all(m.endswith("-etm@openssh.com") for m in p["macs"].split(","))
+
+
+def test_prepare_sshd_argv(tmp_path: Path) -> None:
+    env = {"SSH_PORT": "2200", "JUPYTER_PORT": "9000"}
+    s = load_settings([], {**env, "SSH_HOST_KEY_DIR": str(tmp_path / "keys")})
+    spec = services.prepare_sshd(s, env, _me(tmp_path), [ED25519], tmp_path / "state")
+    argv = list(spec.argv)
+    assert argv[:5] == [services.SSHD, "-D", "-e", "-f", str(services.SSHD_CONFIG)]
+    options = [argv[i + 1] for i, a in enumerate(argv) if a == "-o"]
+    keys_dir = tmp_path / "state" / "ssh" / "authorized_keys"
+    assert options == ["Port 2200", f"AuthorizedKeysFile {keys_dir}/%u .ssh/authorized_keys",
+                       "PermitOpen 127.0.0.1:9000 localhost:9000 127.0.0.1:6006 localhost:6006",
+                       f"SetEnv PTMG_SESSION_ENV={tmp_path / 'state' / 'session-env.sh'}"]
+    assert (keys_dir / "pt").read_text() == ED25519 + "\n"
+    assert stat.S_IMODE((keys_dir / "pt").stat().st_mode) == 0o600
+    for d in (keys_dir, keys_dir.parent):  # StrictModes: not group/world writable
+        assert stat.S_IMODE(d.stat().st_mode) == 0o755
+    hosts = [argv[i + 1] for i, a in enumerate(argv) if a == "-h"]
+    assert [Path(h).name for h in hosts] == ["ssh_host_ed25519_key", "ssh_host_rsa_key"]
+    assert all(stat.S_IMODE(Path(h).stat().st_mode) == 0o600 for h in hosts)
+    assert spec.check == {"check": "ssh", "port": 2200}
+    assert services.permit_open(load_settings([], {"TENSORBOARD": "off"})) == "127.0.0.1:8888 localhost:8888"
+
+
+def test_sshd_stays_off_where_pt_cannot_bind_its_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    start = tmp_path / "ip_unprivileged_port_start"
+    start.write_text("1024\n")
+    monkeypatch.setattr(services, "UNPRIVILEGED_PORT_START", start)
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")  # any executable: this host may have no sshd
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    env = {"SSH_AUTHORIZED_KEYS": ED25519}
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) is None
+    assert "cannot listen on port 22 here" in capsys.readouterr().err
+    env["SSH_PORT"] = "2222"
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]

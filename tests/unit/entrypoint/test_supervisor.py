@@ -4,11 +4,13 @@ setting refused before anything starts."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import time
 
 import pytest
 
+import ptmg_contract as contract
 import services
 import supervisor
 
@@ -68,3 +70,37 @@ def test_a_bad_setting_exits_2_before_anything_starts(monkeypatch: pytest.Monkey
     err = capsys.readouterr().err
     assert err.startswith("[ptmg] ERROR: JUPYTER='maybe' is not one of on|off; PT_UID='root' is not a number")
     assert err.count("\n") == 1 and "README.md" in err
+
+
+def test_user_path_puts_the_venv_first_only_when_missing() -> None:
+    venv = f"{contract.VENV}/bin"
+    assert supervisor.user_path("/usr/bin:/bin") == f"{venv}:/usr/bin:/bin"
+    assert supervisor.user_path(f"/x:{venv}:/usr/bin") == f"/x:{venv}:/usr/bin"
+    assert supervisor.user_path("") == venv
+
+
+def test_ids_that_need_a_root_start_are_named_and_ignored(monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Not root (the image's default): PT_UID/PT_GID other than ours cannot be applied."""
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "getegid", lambda: 1000)
+    def stop() -> None:
+        raise SystemExit(42)  # the warning is out: go no further (no services started here)
+    monkeypatch.setattr(supervisor, "current_user", stop)
+    monkeypatch.setenv("PT_UID", "4242")
+    with pytest.raises(SystemExit):
+        supervisor.main(["true"])
+    err = capsys.readouterr().err
+    assert "PT_UID/PT_GID ignored: the remap needs a root start" in err and "--user 0" in err
+
+
+def test_a_root_start_in_an_unsafe_environment_exits_2(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("PATH", "/tmp:/usr/bin")
+    monkeypatch.chdir("/")
+    assert supervisor.main(["true"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("[ptmg] ERROR: started as root, but `docker exec` would run root with what pt controls: "
+                          "PATH entry /tmp is writable by others")
+    assert err.count("\n") == 1

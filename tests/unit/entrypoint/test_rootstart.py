@@ -1,0 +1,144 @@
+"""entrypoint/rootstart.py, the only code that runs as root: which environments it refuses
+(a PATH or working directory pt could write, loader/interpreter variables), and the re-own
+walk of the uid remap, which must never follow a link pt planted. The remap itself
+(usermod/groupmod) and the drop to pt run in the docker tier (tests/docker)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import ptmg_contract as contract
+import rootstart
+from common import ConfigError, Settings
+
+SAFE = {"PATH": contract.ROOT_PATH}
+
+
+def test_root_only_paths() -> None:
+    assert rootstart.root_only("/usr/bin")
+    assert rootstart.root_only("/")
+    assert rootstart.root_only("/usr/bin/no-such-dir-ptmg")  # its parent decides: nobody else can create it
+    assert not rootstart.root_only("/tmp")  # world-writable (sticky or not)
+    assert not rootstart.root_only("/tmp/whatever/below")
+
+
+def test_root_only_follows_the_chain(tmp_path: Path) -> None:
+    mine = tmp_path / "d"
+    mine.mkdir(mode=0o755)
+    assert not rootstart.root_only(str(mine)), "a root-owned dir below a world-writable one is not root's alone"
+    link = tmp_path / "to-usr-bin"
+    link.symlink_to("/usr/bin")
+    assert rootstart.root_only(str(link)), "a link is judged by what it points to"
+
+
+def test_the_documented_root_environment_is_safe() -> None:
+    assert rootstart.unsafe_environment(SAFE, contract.ROOT_WORKDIR) == []
+
+
+@pytest.mark.parametrize(("env", "cwd", "why"), [
+    ({"PATH": f"{contract.VENV}/bin:{contract.ROOT_PATH}"}, "/", f"PATH entry {contract.VENV}/bin"),
+    ({"PATH": f"/tmp:{contract.ROOT_PATH}"}, "/", "PATH entry /tmp is writable by others"),
+    ({"PATH": "bin:/usr/bin"}, "/", "PATH entry 'bin' is relative"),
+    ({"PATH": ":/usr/bin"}, "/tmp", "PATH entry (empty: the working directory)"),
+    (SAFE, "/tmp", "the working directory /tmp is writable by others"),
+    ({**SAFE, "LD_PRELOAD": "/tmp/x.so"}, "/", "LD_PRELOAD is set"),
+    ({**SAFE, "PYTHONPATH": "/tmp"}, "/", "PYTHONPATH is set"),
+    ({**SAFE, "BASH_ENV": "/tmp/rc"}, "/", "BASH_ENV is set"),
+])
+def test_environments_root_refuses(env: dict[str, str], cwd: str, why: str, tmp_path: Path) -> None:
+    if "/opt/venv" in env["PATH"] and not Path(contract.VENV).exists():
+        env = {"PATH": f"{tmp_path}:{contract.ROOT_PATH}"}  # this host has no /opt/venv: any non-root dir
+        why = f"PATH entry {tmp_path}"
+    problems = rootstart.unsafe_environment(env, cwd)
+    assert any(why in p for p in problems), problems
+
+
+def test_start_as_root_refuses_before_touching_anything(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    touched: list[str] = []
+    monkeypatch.setattr(rootstart, "remap", lambda s: touched.append("remap"))
+    monkeypatch.setattr(rootstart, "become", lambda name: touched.append("become"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        rootstart.start_as_root(Settings(
+            mode="services", argv=(), jupyter=True, jupyter_port=8888, ssh="auto", tensorboard="on",
+            tensorboard_port=6006, tensorboard_logdir="/workspace/runs", pt_uid=4242, pt_gid=4242,
+            ssh_host_key_dir="/k", diagnostics=True), {"PATH": f"{contract.VENV}/bin:/usr/bin"})
+    msg = str(info.value)
+    assert msg.startswith("started as root, but `docker exec` would run root with what pt controls")
+    assert f"-w {contract.ROOT_WORKDIR} -e PATH={contract.ROOT_PATH}" in msg
+    assert touched == []
+
+
+class _Chowns:
+    """Stands in for os.chown inside rootstart: records what would be re-owned (the real
+    call needs root), resolving the dir_fd the walk passes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int, bool]] = []
+
+    def __call__(self, path: str, uid: int, gid: int, *, dir_fd: int | None = None,
+                 follow_symlinks: bool = True) -> None:
+        where = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path) if dir_fd is not None else path
+        self.calls.append((where, uid, gid, follow_symlinks))
+
+
+@pytest.fixture
+def chowns(monkeypatch: pytest.MonkeyPatch) -> _Chowns:
+    rec = _Chowns()
+    monkeypatch.setattr(os, "chown", rec)  # rootstart calls os.chown
+    return rec
+
+
+def test_rechown_never_follows_a_link(tmp_path: Path, chowns: _Chowns) -> None:
+    me = (os.getuid(), os.getgid())
+    new = (4242, 4343)
+    top = tmp_path / "home"
+    (top / "sub").mkdir(parents=True)
+    (top / "file").write_text("x")
+    (top / "sub" / "deep").write_text("y")
+    canary_dir = tmp_path / "canary-dir"  # what a planted link points at
+    canary_dir.mkdir()
+    (canary_dir / "inner").write_text("root's\n")
+    (top / "link-to-file").symlink_to(canary_dir / "inner")
+    (top / "link-to-dir").symlink_to(canary_dir)
+    (top / "sub" / "link-to-dir").symlink_to(canary_dir)
+    assert rootstart.rechown(str(top), me, new, set(), into_mounts=False) == 7
+    assert sorted(c[0] for c in chowns.calls) == sorted(str(p) for p in [
+        top, top / "sub", top / "file", top / "sub" / "deep", top / "link-to-file", top / "link-to-dir",
+        top / "sub" / "link-to-dir"])
+    assert all(c[1:] == (*new, False) for c in chowns.calls), "every change is lchown-style, links never followed"
+    assert not [c for c in chowns.calls if str(canary_dir) in c[0]]
+
+
+def test_rechown_changes_only_what_the_old_ids_own(tmp_path: Path, chowns: _Chowns) -> None:
+    (tmp_path / "f").write_text("x")
+    assert rootstart.rechown(str(tmp_path), (99999, 99999), (1, 1), set(), into_mounts=False) == 0
+    assert chowns.calls == []
+    uid = os.getuid()
+    assert rootstart.rechown(str(tmp_path), (uid, 99999), (1, 1), set(), into_mounts=False) == 2
+    assert {c[1:3] for c in chowns.calls} == {(1, -1)}, "only the uid moves when only the uid matches"
+
+
+def test_rechown_of_a_link_or_nothing_does_nothing(tmp_path: Path, chowns: _Chowns) -> None:
+    (tmp_path / "link").symlink_to(tmp_path)
+    me = (os.getuid(), os.getgid())
+    assert rootstart.rechown(str(tmp_path / "link"), me, (1, 1), set(), into_mounts=True) == 0
+    assert rootstart.rechown(str(tmp_path / "absent"), me, (1, 1), set(), into_mounts=True) == 0
+    assert chowns.calls == []
+
+
+def test_rechown_stays_out_of_mounts_unless_asked(tmp_path: Path, chowns: _Chowns) -> None:
+    """A bind mount's files belong to the host (the mount point itself too); the image's
+    own state dirs are re-owned even when they are volumes."""
+    me = (os.getuid(), os.getgid())
+    top = tmp_path / "w"
+    (top / "mnt").mkdir(parents=True)
+    (top / "mnt" / "f").write_text("host's")
+    mounts = {str(top / "mnt")}
+    assert rootstart.rechown(str(top), me, (1, 1), mounts, into_mounts=False) == 1  # top only
+    chowns.calls.clear()
+    assert rootstart.rechown(str(top), me, (1, 1), mounts, into_mounts=True) == 3
+    assert str(top / "mnt" / "f") in [c[0] for c in chowns.calls]
