@@ -41,12 +41,33 @@ LABEL_SLURM_JOB = label("slurm-job")
 OCI_CREATED = "org.opencontainers.image.created"
 OCI_REVISION = "org.opencontainers.image.revision"
 
+# --- the OS patch level (#16) ------------------------------------------------------
+#: The base's apt suites, space-separated (`build.py base` writes it on a bootstrapped base).
+LABEL_BASE_APT_SUITES = label("base.apt-suites")
+#: When the OS layer last ran `apt-get upgrade` (UTC, ISO 8601), read from OS_PATCH_FILE.
+LABEL_OS_UPDATED = label("os.updated")
+#: The suites apt saw then, with their Release dates: "bookworm@2026-07-11T10:16:37Z ...".
+LABEL_OS_SUITES = label("os.suites")
+#: The host's key for that state of the archive (the OS layer's cache key, OS_SNAPSHOT_ARG).
+LABEL_OS_SNAPSHOT = label("os.snapshot")
+#: sha256 of the installed Debian packages (name, version, arch) and of the venv's distributions.
+LABEL_OS_PACKAGES = label("os.packages")
+LABEL_VENV_PACKAGES = label("venv.packages")
+#: sha256 of the recipe alone (Dockerfile and copied files, not the base's image id): with the two
+#: package hashes, what publish compares with the image a floating tag already holds.
+LABEL_RECIPE_HASH = label("recipe-hash")
+#: The build arg that carries the snapshot key into the OS layer's RUN (BuildKit keys its cache on it).
+OS_SNAPSHOT_ARG = "PTMG_OS_SNAPSHOT"
+
 # --- paths in the image -----------------------------------------------------------
 PREFIX = "/opt/pt-multi-gpu"
 CONTRACT_FILE = f"{PREFIX}/ptmg_contract.py"
 #: The cell's name, one line. A Slurm node that runs the image's software directly (`build.py
 #: launch --launcher native`) must have it, with the job's cell, before the job runs there.
 CELL_FILE = f"{PREFIX}/cell"
+#: The OS patch level, written by the OS layer's RUN (imagebuild/os-patch-level.sh): `key: value`
+#: lines (updated, snapshot, suite), root's; the build reads it into the io.pt-multi-gpu.os.* labels.
+OS_PATCH_FILE = f"{PREFIX}/os-patch-level"
 ENTRYPOINT_DIR = f"{PREFIX}/entrypoint"
 SMOKE_DIR = f"{PREFIX}/smoke_tests"
 START_SCRIPT = f"{ENTRYPOINT_DIR}/start.sh"

@@ -1,7 +1,10 @@
-"""What decides an image, hashed: the rendered Dockerfile, every file the build copies, the base.
+"""What decides an image, hashed: the rendered Dockerfile, every file the build copies, the base,
+and the state of the Debian archive the OS layer upgrades from (#16, builder/build/os_snapshot.py).
 
 An image carries this hash as a label; a build whose inputs hash matches the existing
-image is skipped (``make images`` twice is a no-op).
+image is skipped (``make images`` twice is a no-op; after a new security release it is not).
+The recipe hash is the same without the base's image id and the archive state: what publish
+compares, with the package hashes of the built image (a re-bootstrapped base is not a change).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import hashlib
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 #: What a build can see of the project (mirrors .dockerignore): what the Dockerfile copies into
 #: the image, and imagebuild/ (build-time scripts bind-mounted into RUNs, never copied).
@@ -28,15 +32,29 @@ def context_files(root: Path) -> list[Path]:
     return files
 
 
-def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path) -> str:
-    """sha256 of everything that decides the image: Dockerfile, copied files (path, mode, bytes), base."""
+def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path, os_snapshot: str = "") -> str:
+    """sha256 of everything that decides the image: Dockerfile, copied files (path, mode, bytes), base,
+    and the OS snapshot key (the Debian archive's state the OS layer upgrades from)."""
     h = hashlib.sha256()
     h.update(b"dockerfile\0" + dockerfile.encode() + b"\0base\0" + base_id.encode() + b"\0")
+    if os_snapshot:
+        h.update(b"os-snapshot\0" + os_snapshot.encode() + b"\0")
+    _hash_files(h, files, root)
+    return "sha256:" + h.hexdigest()
+
+
+def recipe_hash(dockerfile: str, files: Sequence[Path], root: Path) -> str:
+    """sha256 of the recipe alone: the Dockerfile and the copied files, not the base or the archive."""
+    h = hashlib.sha256(b"recipe\0dockerfile\0" + dockerfile.encode() + b"\0")
+    _hash_files(h, files, root)
+    return "sha256:" + h.hexdigest()
+
+
+def _hash_files(h: Any, files: Sequence[Path], root: Path) -> None:
     for p in files:
         rel = p.relative_to(root).as_posix()
         h.update(f"file\0{rel}\0{p.stat().st_mode & 0o777:o}\0".encode())
         h.update(hashlib.sha256(p.read_bytes()).digest())
-    return "sha256:" + h.hexdigest()
 
 
 def git_revision(root: Path) -> str:

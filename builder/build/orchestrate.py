@@ -1,6 +1,7 @@
 """Build orchestration: inputs hash, skip-unchanged, parallel builds, probe, labels, summary.
 
-The flow for one cell: hash its inputs; if an image with that hash exists, skip.
+The flow for one cell: hash its inputs (with the Debian archive's state, #16); if an image
+with that hash exists, skip.
 Else make sure the base exists, build (BuildKit, or the classic builder), run
 the built image once to read what is really installed, fail on any mismatch
 with images.yaml, and only then label and tag it. A failed cell never moves a
@@ -9,6 +10,8 @@ tag, so earlier good images stay where they are.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -19,7 +22,8 @@ from pathlib import Path
 import ptmg_contract as contract
 from builder.build import base_image
 from builder.build.buildenv import BuildEnv, secret_files
-from builder.build.inputs import context_files, git_revision, inputs_hash
+from builder.build.inputs import context_files, git_revision, inputs_hash, recipe_hash
+from builder.build.os_snapshot import Snapshot, Snapshots
 from builder.build.probe import check_probe, labels_for, probe
 from builder.common.log import log
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
@@ -42,6 +46,8 @@ class BuildConfig:
     mirror: str = base_image.DEFAULT_MIRROR
     dry_run: bool = False
     source: str = "images.yaml"
+    #: The Debian archive's state per release (#16); None: read from the mirrors (and PTMG_OS_SNAPSHOT).
+    os_snapshots: Snapshots | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,9 @@ class _Builder:
         self._cli_checked = False
         self._lock = threading.Lock()
         self.stop = threading.Event()
+        self.snapshots = cfg.os_snapshots or Snapshots(cfg.mirror, environ=os.environ)
+        self._os: dict[str, Snapshot] = {}  # cell -> the snapshot its OS layer is keyed on
+        self._sources_ok: set[str] = set()  # base image ids whose apt sources passed the check
 
     def cli(self) -> BuildkitCli | None:
         with self._lock:
@@ -89,7 +98,20 @@ class _Builder:
         with secret_files(self.cfg.build_env) as secrets:
             req = BuildRequest(self.cfg.root, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
                                secrets, log_path, no_cache)
+            snap = self._os.get(spec.name)
+            if snap is not None and snap.key:  # the OS layer's cache key (#16); never in the Dockerfile
+                req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
             return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
+
+    def _check_sources(self, ref: str, release: str) -> None:
+        """The base lists the release's -updates and -security suites (BaseError with the fix); once per base."""
+        base = self.engine.image_id(ref)
+        with self._lock:
+            if base in self._sources_ok:
+                return
+        base_image.check_sources(self.engine, ref, release)
+        with self._lock:
+            self._sources_ok.add(base)
 
     def _on_current_base(self, spec: ImageSpec, image_id: str) -> bool:
         base = self.engine.rootfs_layers(spec.base)
@@ -114,15 +136,20 @@ class _Builder:
         if not self.cfg.dry_run and render.write([rendered]):
             # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
             log.info("%s: rendered %s", spec.name, dockerfile)
-        digest = inputs_hash(text, context_files(self.cfg.root), self.base_id(spec), self.cfg.root)
-        if not self.cfg.force and self.engine.image_exists(spec.ref) \
-                and self.engine.image_labels(spec.ref).get(contract.LABEL_INPUTS_HASH) == digest:
+        files = context_files(self.cfg.root)
+        existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
+        snap = self.snapshots.for_base(spec.base, spec.os, spec.arch,
+                                       (existing or {}).get(contract.LABEL_OS_SNAPSHOT), spec.ref)
+        self._os[spec.name] = snap
+        digest = inputs_hash(text, files, self.base_id(spec), self.cfg.root, snap.key)
+        if not self.cfg.force and existing is not None and existing.get(contract.LABEL_INPUTS_HASH) == digest:
             if spec.latest:
                 self.engine.tag(spec.ref, f"{spec.repository}:latest")
             return CellResult(spec.name, "skipped", time.monotonic() - start, self.engine.image_size(spec.ref),
                               self.engine.image_id(spec.ref), "unchanged (inputs hash matches)")
         if self.cfg.dry_run:
             return CellResult(spec.name, "would-build", message=f"inputs {digest[:19]} differ from {spec.ref}")
+        self._check_sources(spec.base, spec.os)
         outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache)
         if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
             # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
@@ -139,8 +166,9 @@ class _Builder:
             return CellResult(spec.name, "failed", time.monotonic() - start,
                               message="the built image does not match images.yaml:\n  " + "\n  ".join(mismatches),
                               log_path=log_path)
-        image_id = self.engine.relabel(outcome.image_id, labels_for(spec, probed, digest, outcome.builder,
-                                                           git_revision(self.cfg.root), render.PROJECT_URL), spec.ref)
+        labels = labels_for(spec, probed, digest, outcome.builder, git_revision(self.cfg.root), render.PROJECT_URL,
+                            recipe=recipe_hash(text, files, self.cfg.root))
+        image_id = self.engine.relabel(outcome.image_id, labels, spec.ref)
         if spec.latest:
             self.engine.tag(image_id, f"{spec.repository}:latest")
         return CellResult(spec.name, "built", time.monotonic() - start, self.engine.image_size(spec.ref), image_id,

@@ -13,9 +13,33 @@ import ptmg_contract as contract
 from builder.engine import Engine, EngineError
 from builder.spec import ImageSpec
 
-PROBE = f"CUDNN_DISTS = {contract.CUDNN_DISTS!r}\nNCCL_DISTS = {contract.NCCL_DISTS!r}\n" + r"""
-import importlib.metadata as md, json, sys
+PROBE = (f"CUDNN_DISTS = {contract.CUDNN_DISTS!r}\nNCCL_DISTS = {contract.NCCL_DISTS!r}\n"
+         f"OS_PATCH_FILE = {contract.OS_PATCH_FILE!r}\n") + r"""
+import hashlib, importlib.metadata as md, json, subprocess, sys
 import torch, torchvision
+
+def digest(lines):
+    return "sha256:" + hashlib.sha256("\n".join(sorted(set(lines))).encode()).hexdigest()
+
+def os_patch():  # the OS layer's record (imagebuild/os-patch-level.sh): key -> [values]
+    out = {}
+    try:
+        with open(OS_PATCH_FILE, encoding="utf-8") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep:
+                    out.setdefault(key.strip(), []).append(value.strip())
+    except OSError:
+        pass
+    return out
+
+def os_packages():  # installed Debian packages (name:arch version)
+    try:
+        out = subprocess.run(["dpkg-query", "-W", "-f", "${db:Status-Abbrev} ${binary:Package} ${Version}\n"],
+                             capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return digest(" ".join(l.split()[1:]) for l in out.splitlines() if l.startswith("ii "))
 
 def dist(*names):
     for n in names:
@@ -43,6 +67,9 @@ print(json.dumps({
     "nccl_runtime": nccl,
     "python": "%d.%d" % sys.version_info[:2],
     "arch_list": arch,
+    "os_patch": os_patch(),
+    "os_packages": os_packages(),
+    "venv_packages": digest("%s==%s" % (d.metadata["Name"].lower(), d.version) for d in md.distributions()),
 }))
 """
 
@@ -57,11 +84,27 @@ def check_probe(spec: ImageSpec, probed: dict[str, object]) -> list[str]:
             for k, v in expect.items() if probed.get(k) != v]
 
 
+def patch_labels(probed: dict[str, object], recipe: str) -> dict[str, str]:
+    """The patch-level labels (#16): from the OS layer's own record and the probe's package hashes."""
+    raw = probed.get("os_patch")
+    record: dict[str, list[str]] = {str(k): [str(x) for x in v] for k, v in raw.items()
+                                    if isinstance(v, list)} if isinstance(raw, dict) else {}
+    suites = sorted((s.replace(" ", "@", 1) for s in record.get("suite", [])), key=lambda s: (s.split("@")[0], s))
+    out = {contract.LABEL_OS_UPDATED: (record.get("updated") or [""])[0],
+           contract.LABEL_OS_SNAPSHOT: (record.get("snapshot") or [""])[0],
+           contract.LABEL_OS_SUITES: " ".join(suites),
+           contract.LABEL_OS_PACKAGES: str(probed.get("os_packages") or ""),
+           contract.LABEL_VENV_PACKAGES: str(probed.get("venv_packages") or ""),
+           contract.LABEL_RECIPE_HASH: recipe}
+    return {k: v for k, v in out.items() if v}
+
+
 def labels_for(spec: ImageSpec, probed: dict[str, object], digest: str, builder: str,
-               revision: str, project_url: str) -> dict[str, str]:
+               revision: str, project_url: str, recipe: str = "") -> dict[str, str]:
     """OCI and compatibility labels; versions come from the probe of the built image."""
     arch = probed.get("arch_list")
     return {
+        **patch_labels(probed, recipe),
         contract.OCI_CREATED: dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         contract.OCI_REVISION: revision,
         "org.opencontainers.image.version": spec.tag,

@@ -18,7 +18,7 @@ def floating_gate(cells: Sequence[CellReport], allow_untested: bool) -> tuple[bo
         if not c.immutable_ok:
             bad = [f"{t.tag} {t.status}" for t in c.tags if t.kind == "immutable" and t.status not in OK_STATUSES]
             reasons.append(f"{c.cell}: immutable tags not published ({'; '.join(bad) or c.error or 'none'})")
-        if c.image_id and c.smoke.get("status") != "passed" and not allow_untested:
+        if c.image_id and c.smoke.get("status") != "passed" and not allow_untested and not c.unchanged_since:
             reasons.append(f"{c.cell}: no smoke-test pass recorded for image {c.image_id}; "
                            f"run `python build.py test --only {c.cell}`")
     if not cells:

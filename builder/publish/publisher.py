@@ -12,6 +12,10 @@ The order, for the selected cells:
    - anything else (401/403, 429, 5xx, network, a 404 that is not a registry's) -> the cell fails;
      transient faults are retried with exponential backoff and jitter first.
    After each push the manifest is read back; its Docker-Content-Digest must be the push's digest.
+   Before that, two gates of #16 (builder/publish/freshness.py): a cell whose image is the one
+   its floating tag already holds (same recipe, Debian and venv packages) is skipped ("unchanged
+   since <date>"; --publish-unchanged pushes it anyway), and one with Debian security updates
+   pending longer than images.yaml's audit.debian.max_pending_days is refused (--allow-stale-os).
 3. The floating-tag gate: only when EVERY selected cell has all its immutable
    tags published and a smoke-test pass recorded for its exact image id
    (builder.records; `--allow-untested` waives the latter, loudly).
@@ -91,6 +95,7 @@ class _Cell:
     report: CellReport
     image_id: str = ""
     tags: tags.CellTags | None = None
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 def _now() -> str:
@@ -105,7 +110,9 @@ class Publisher:
                  repository: str, creds: Credentials | None = None,
                  smoke: Callable[[str], passes.SmokePass | None],
                  sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random,
-                 on_event: Callable[[str, Mapping[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
+                 unchanged: Callable[[ImageSpec, Mapping[str, str]], str | None] | None = None,
+                 os_gate: Callable[[ImageSpec, str, Mapping[str, str]], str | None] | None = None) -> None:
         self.engine = engine
         self.registry = registry
         self.cfg = cfg
@@ -116,6 +123,8 @@ class Publisher:
         self.sleep = sleep
         self.rng = rng
         self.on_event = on_event
+        self.unchanged = unchanged  # (#16) "unchanged since <date>" when the registry holds this image
+        self.os_gate = os_gate  # (#16) why the image's OS patch level is refused, or None
 
     def _r(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -129,6 +138,7 @@ class Publisher:
                                  "(and `python build.py test --only` it) first")
             return cell
         labels = dict((attrs.get("Config") or {}).get("Labels") or {})
+        cell.labels = labels
         cell.image_id = str(attrs["Id"])
         cell.report.image_id = cell.image_id
         cell.report.uncompressed_size = int(attrs.get("Size") or 0) or None
@@ -285,6 +295,20 @@ class Publisher:
             cell.report.tags.append(res)
             self._log_result(res)
 
+    def _gates(self, cells: Sequence[_Cell]) -> None:
+        """#16: skip cells the registry already holds (by recipe and packages); refuse a stale OS."""
+        for c in cells:
+            if c.tags is None:
+                continue
+            note = self.unchanged(c.spec, c.labels) if self.unchanged is not None else None
+            if note:
+                log.info("%s: %s; nothing of it is published", c.spec.name, note)
+                c.report.unchanged_since, c.tags = note, None
+                continue
+            why = self.os_gate(c.spec, c.image_id, c.labels) if self.os_gate is not None else None
+            if why:
+                c.report.error, c.tags = f"{c.spec.ref}: refused: {why}", None
+
     def _log_result(self, res: TagResult) -> None:
         if res.status in OK_STATUSES:
             sent = f"; {len(res.layers_uploaded)} layer(s) sent, {len(res.layers_existing)} already there" \
@@ -331,6 +355,7 @@ class Publisher:
             report.ok = is_open
             return self._finish(report, started)
 
+        self._gates(cells)
         for c in cells:
             if c.tags is not None:
                 log.info("%s (%s): immutable tags %s", c.spec.name, c.image_id[:19], ", ".join(c.tags.immutable))

@@ -44,9 +44,12 @@ class CellReport:
     tags: list[TagResult] = field(default_factory=list)
     error: str = ""
     notes: list[str] = field(default_factory=list)
+    unchanged_since: str = ""  # (#16) the registry already holds this image: nothing pushed, nothing moved
 
     @property
     def immutable_ok(self) -> bool:
+        if self.unchanged_since and not self.error:
+            return True
         imm = [t for t in self.tags if t.kind == "immutable"]
         return not self.error and bool(imm) and all(t.status in OK_STATUSES for t in imm)
 
@@ -104,6 +107,8 @@ def report_markdown(report: Report, secrets: Iterable[str] = ()) -> str:
             lines.append(f"- digest: `{c.digest}`")
         if c.error:
             lines.append(f"- error: {c.error}")
+        if c.unchanged_since:
+            lines.append(f"- {c.unchanged_since}: the registry already holds this image; nothing published")
         lines += [f"- note: {n}" for n in c.notes]
         if c.versions:
             lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in c.versions.items()

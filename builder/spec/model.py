@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from builder.common.yamlpos import Loc
+from builder.spec.policy import AuditPolicy
 
 # What each supported base OS gives us. Python follows the base OS: Debian's own
 # python3 is the interpreter the venv is made from, so there is one Python per OS.
@@ -49,7 +50,7 @@ TAG_FIELDS: Mapping[str, str] = {
     "os": "base OS codename, e.g. bookworm",
 }
 
-TOP_KEYS = ("repository", "tag", "defaults", "axes", "include", "exclude")
+TOP_KEYS = ("repository", "tag", "defaults", "axes", "include", "exclude", "audit")
 CELL_KEYS = ("torch", "torchvision", "cuda", "cudnn", "python", "flavour", "base", "platform", "tag", "apt", "pip",
              "tools")
 LIST_KEYS = ("apt", "pip", "tools")
@@ -152,5 +153,6 @@ class Matrix:
     path: str
     repository: str
     cells: tuple[ImageSpec, ...]
+    audit: AuditPolicy = field(default_factory=AuditPolicy)  # images.yaml's `audit:` (builder/spec/policy.py)
 
 

@@ -36,6 +36,7 @@ from builder.spec.model import (
     ImageSpec,
     Matrix,
 )
+from builder.spec.policy import check_audit
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
@@ -286,6 +287,7 @@ def parse(doc: Located, compat: Compat) -> Matrix:
                     "use lowercase letters, digits, '.', '_', '-' and '/', e.g. pt-multi-gpu")
         repository = "invalid"
     template = _check_template(checker, top.get("tag", "{torch}-cuda{cuda}-cudnn{cudnn}-{flavour}"))
+    audit = check_audit(lambda path, message, key: checker.err(path, message, key=key), top.get("audit"))
 
     raw_cells = expand(checker, top)
     if not raw_cells and not checker.problems:
@@ -308,7 +310,7 @@ def parse(doc: Located, compat: Compat) -> Matrix:
     newest = max(specs, key=lambda s: (version_key(s.torch), version_key(s.cuda), s.flavour == "runtime",
                                        s.platform == DEFAULT_PLATFORM, s.name not in own_tag))
     cells = tuple(dataclasses.replace(s, latest=s is newest) for s in specs)
-    return Matrix(doc.file, repository, cells)
+    return Matrix(doc.file, repository, cells, audit)
 
 
 def _check_unique(checker: Checker, specs: Sequence[ImageSpec]) -> None:

@@ -204,6 +204,40 @@ def test_the_schedule_runs_the_matrix_like_every_other_trigger(wf: dict[str, Any
     assert runs.index("build.py test --require-gpu") < runs.index("make publish")
 
 
+PUBLISH_OVERRIDES = ("--publish-unchanged", "--allow-stale-os", "--allow-untested")
+
+
+def publish_override_problems(wf: Mapping[str, Any]) -> list[str]:
+    """#16: where the workflow would publish an unchanged cell again, a stale OS, or skip the smoke gate."""
+    text = json.dumps(wf["jobs"])  # every step and env, not the header comment that names the flags
+    return [f"{flag} in a job" for flag in PUBLISH_OVERRIDES if flag in text]
+
+
+def test_an_unchanged_week_publishes_nothing(wf: dict[str, Any]) -> None:
+    """#16: the scheduled and manual runs publish with plain `make publish`, after the fresh build and
+    the GPU smoke gate. publish skips a cell whose floating tag already holds the same recipe and
+    packages and refuses a stale OS by default; nothing in the workflow or the make target turns
+    either off (nor the smoke gate)."""
+    for event in ("schedule", "dispatch-main"):
+        assert runs_on_event(wf, "publish", event), event
+    assert publish_override_problems(wf) == []
+    recipe = re.search(r"^publish:.*\n((?:\t.*\n)+)", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe is not None and "build.py publish" in recipe.group(1)
+    assert not [flag for flag in PUBLISH_OVERRIDES if flag in recipe.group(1)]
+    from builder.cli.main import parser
+
+    args = parser().parse_args(["publish", "--registry", "127.0.0.1:5000"])
+    assert (args.publish_unchanged, args.allow_stale_os, args.allow_untested) == (False, False, False)
+
+
+@pytest.mark.parametrize("flag", PUBLISH_OVERRIDES)
+def test_the_override_check_catches_a_publish_that_forces(flag: str) -> None:
+    broken = _load()
+    (step,) = [s for s in broken["jobs"]["publish"]["steps"] if "make publish" in str(s.get("run", ""))]
+    step["run"] = step["run"].replace('REGISTRY="$REGISTRY"', f'REGISTRY="$REGISTRY" ARGS={flag}')
+    assert publish_override_problems(broken) == [f"{flag} in a job"]
+
+
 def test_matrix_comes_from_build_py(wf: dict[str, Any]) -> None:
     job = wf["jobs"]["matrix"]
     (step,) = [s for s in _steps(job) if "build.py matrix --json" in str(s.get("run", ""))]

@@ -1,11 +1,14 @@
-"""`build.py base`: make each selected cell's base image available: local, else pull, else debootstrap."""
+"""`build.py base`: make each selected cell's base image available: local, else pull, else debootstrap.
+
+A base without the release's -updates and -security apt suites is refused, with the fix (#16).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from builder.build import base_image
+from builder.build import apt_sources, base_image
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
@@ -16,6 +19,9 @@ from builder.common.log import log, table
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mirror", default=os.environ.get("PTMG_DEBIAN_MIRROR", base_image.DEFAULT_MIRROR),
                    type=types.text, help="Debian mirror for debootstrap (env PTMG_DEBIAN_MIRROR)")
+    p.add_argument("--security-mirror", type=types.text,
+                   default=os.environ.get(apt_sources.ENV_SECURITY_MIRROR, apt_sources.DEFAULT_SECURITY_MIRROR),
+                   help="Debian security mirror a bootstrapped base lists (env PTMG_DEBIAN_SECURITY_MIRROR)")
     p.add_argument("--rebootstrap", action="store_true", help="bootstrap again even if the base exists")
 
 
@@ -31,10 +37,10 @@ def run(ctx: Context) -> int:
             continue
         try:
             if ctx.args.rebootstrap and cell.bootstrap:
-                base_image.bootstrap(engine, cell.bootstrap, cell.base, ctx.args.mirror)
+                base_image.bootstrap(engine, cell.bootstrap, cell.base, ctx.args.mirror, ctx.args.security_mirror)
                 done[cell.base] = "bootstrapped"
             else:
-                done[cell.base] = base_image.ensure(engine, cell, ctx.args.mirror).how
+                done[cell.base] = base_image.ensure(engine, cell, ctx.args.mirror, ctx.args.security_mirror).how
         except StepFailed as exc:
             log.error("%s", exc)
             done[cell.base] = "failed"

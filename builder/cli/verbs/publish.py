@@ -16,6 +16,7 @@ from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
 from builder.publish.faults import RetryPolicy
+from builder.publish.gates import freshness_gates
 from builder.publish.publisher import PublishConfig, Publisher
 from builder.publish.report import Report, report_json, short_digest, write_report
 from builder.smoke import passes
@@ -34,6 +35,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where publish-report.json and publish-report.md go (default build-logs/publish/)")
     p.add_argument("--allow-untested", action="store_true",
                    help="move floating tags even for images without a recorded smoke-test pass (reported loudly)")
+    p.add_argument("--allow-stale-os", action="store_true",
+                   help="publish even an image with Debian security updates pending for longer than images.yaml's "
+                        "audit.debian.max_pending_days (reported)")
+    p.add_argument("--publish-unchanged", action="store_true",
+                   help="publish new dated tags even for a cell whose floating tag already holds the same recipe "
+                        "and packages (by default such a cell is skipped: an unchanged week publishes nothing)")
     p.add_argument("--attempts", type=types.count(1, 20), default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
                    help="tries per tag for transient registry faults, 1-20 (default 4, env PTMG_PUSH_ATTEMPTS; "
                         "exponential backoff with jitter)")
@@ -42,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _print_summary(report: Report) -> None:
     rows = [[c.cell, t.tag, t.kind, t.status, f"{t.seconds:.1f}s", human_size(t.compressed_size),
              short_digest(t.digest)] for c in report.cells for t in c.tags]
-    rows += [[c.cell, "-", "-", "failed", "-", "-", "-"] for c in report.cells if not c.tags]
+    rows += [[c.cell, "-", "-", c.unchanged_since or "failed", "-", "-", "-"] for c in report.cells if not c.tags]
     print(table(["cell", "tag", "kind", "status", "time", "size", "digest"], rows))
 
 
@@ -66,8 +73,10 @@ def run(ctx: Context) -> int:
     client = RegistryClient(registry, ctx.matrix.repository, creds)
     cfg = PublishConfig(registry, allow_untested=a.allow_untested, dry_run=a.dry_run,
                         retry=RetryPolicy(attempts=a.attempts))
+    gates = freshness_gates(ctx.engine(), client, ctx.matrix, a.allow_stale_os, a.publish_unchanged)
     publisher = Publisher(ctx.engine(), client, cfg, repository=ctx.matrix.repository, creds=creds,
-                          smoke=functools.partial(passes.smoke_pass, ctx.root))
+                          smoke=functools.partial(passes.smoke_pass, ctx.root), unchanged=gates.unchanged,
+                          os_gate=gates.os_gate)
     report = publisher.run(ctx.matrix, ctx.cells)
     secrets = publisher.secrets
     if a.json:
