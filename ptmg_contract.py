@@ -81,6 +81,18 @@ STATE_DIR = "/run/pt-multi-gpu"
 SSH_HOST_KEY_DIR = "/var/lib/pt-multi-gpu/ssh-host-keys"
 SECRETS_DIR = "/run/secrets"
 TINI = "/usr/bin/tini"
+#: A linker script `libcuda.so` (INPUT(-l:libcuda.so.1)): Triton releases that link their launcher
+#: with -lcuda (3.3, torch 2.7) find through it the libcuda.so.1 that the NVIDIA Container Toolkit
+#: injects (it does not always inject the unversioned libcuda.so). TRITON_LIBCUDA_PATH points here.
+LIBCUDA_LINK_DIR = f"{PREFIX}/libcuda"
+#: devel flavour: the CUDA toolkit from NVIDIA's PyPI wheels, laid out as torch.utils.cpp_extension
+#: expects it (bin/nvcc, include/, lib64/libcudart.so); CUDA_HOME points here.
+CUDA_HOME = "/usr/local/cuda"
+#: RDMA (InfiniBand, RoCE, EFA): the verbs device nodes a container needs, the HCAs in sysfs, and
+#: the rdma-core library NCCL dlopens (libibverbs.so, then libibverbs.so.1).
+IB_DEVICE_DIR = "/dev/infiniband"
+IB_SYSFS_DIR = "/sys/class/infiniband"
+IBVERBS_LIBRARY = "libibverbs.so.1"
 
 # --- the user ---------------------------------------------------------------------
 USER = "pt"
@@ -127,6 +139,10 @@ ENV_NCCL = "PTMG_NCCL"
 ENV_PYTHON = "PTMG_PYTHON"
 ENV_MIN_DRIVER = "PTMG_MIN_DRIVER"
 ENV_CUDA_ARCH_LIST = "PTMG_CUDA_ARCH_LIST"
+ENV_FLAVOUR = "PTMG_FLAVOUR"
+#: "yes", or "no: <why>" (torch.compile refuses this image's Python): read by the smoke tests and
+#: the start diagnostics.
+ENV_TORCH_COMPILE = "PTMG_TORCH_COMPILE"
 #: Runtime settings the entrypoint reads (see entrypoint/README.md).
 ENV_JUPYTER_TOKEN = "JUPYTER_TOKEN"  # noqa: S105 - the name of a variable
 ENV_JUPYTER_PASSWORD_HASH = "JUPYTER_PASSWORD_HASH"  # noqa: S105 - a variable name
@@ -171,6 +187,13 @@ MULTINODE_ENV: Mapping[str, str] = {
     "NCCL_ASYNC_ERROR_HANDLING": "1",
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
 }
+#: NCCL's (and libfabric's, for AWS EFA) network settings: the Slurm docker launcher passes them from
+#: the job's environment into each node's container by name; the start diagnostics show the ones set.
+NCCL_NET_ENV: tuple[str, ...] = (
+    "NCCL_IB_HCA", "NCCL_IB_DISABLE", "NCCL_IB_GID_INDEX", "NCCL_IB_TC", "NCCL_IB_SL", "NCCL_NET",
+    "NCCL_NET_GDR_LEVEL", "NCCL_CROSS_NIC", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "FI_PROVIDER",
+    "FI_EFA_USE_DEVICE_RDMA",
+)
 #: A timed-out NCCL collective aborts the process instead of hanging (both spellings).
 NCCL_ASYNC_ENV: Mapping[str, str] = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

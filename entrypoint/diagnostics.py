@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import ptmg_contract as contract
+import rdma
 from common import info, warn
 
 SHM_MIN_BYTES = 1 << 30
@@ -170,6 +171,7 @@ def run(env: dict[str, str], *, background: Callable[[Callable[[], None]], None]
     nccl = env.get(contract.ENV_NCCL, "").strip()
     if nccl:
         info(f"NCCL {nccl}")
+    rdma.report(env)
     need_torch = gpu_seen and (not exe or not nccl)
     if need_torch and background is not None:
         background(lambda: torch_probe(python, child_env))

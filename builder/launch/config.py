@@ -23,6 +23,8 @@ SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NNODES", "S
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1035; short enough for JobSet pod names
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=-]+:/[A-Za-z0-9_./@+=-]*(:(ro|rw))?$")
+#: A Kubernetes extended resource (a device plugin's), e.g. rdma/rdma_shared_device_a or vpc.amazonaws.com/efa.
+RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 class LaunchError(InputError):
@@ -116,6 +118,8 @@ class LaunchConfig:
     partition: str | None = None
     account: str | None = None
     selftest_init: bool = False
+    #: Kubernetes: RDMA device-plugin resources per pod (name, count); non-empty adds IPC_LOCK too.
+    rdma_resources: tuple[tuple[str, int], ...] = ()
     namespace: str | None = None
     source: str = "images.yaml"
     labels: Mapping[str, str] = field(default_factory=contract.project_labels)
@@ -143,6 +147,9 @@ class LaunchConfig:
         problems += [f"--env {k}=...: not a variable name" for k, _ in self.env if not ENV_KEY_RE.match(k)]
         problems += [f"--mount {m!r}: SRC:/DST[:ro|rw], no spaces or quotes" for m in self.mounts
                      if not MOUNT_RE.match(m)]
+        problems += [f"--rdma-resource {name}={count}: NAME=COUNT with a device plugin's resource name "
+                     "(e.g. rdma/rdma_shared_device_a=1, vpc.amazonaws.com/efa=4) and a count >= 1"
+                     for name, count in self.rdma_resources if not RESOURCE_RE.match(name) or count < 1]
         if self.launcher == "native" and self.mounts:
             problems.append(f"--mount {self.mounts[0]!r}: --launcher native runs no container, so there is nothing "
                             "to mount into; mount it on the nodes, or use --launcher pyxis, apptainer or docker")

@@ -32,6 +32,20 @@ def _gpu_resources(cfg: LaunchConfig) -> dict[str, Any]:
     return {"resources": {"limits": {"nvidia.com/gpu": cfg.gpus_per_node}}}
 
 
+def _rdma(cfg: LaunchConfig) -> dict[str, Any]:
+    """RDMA for NCCL: the device plugin's resources (they bring /dev/infiniband into the pod) and
+    IPC_LOCK, so buffer registration (ibv_reg_mr) is not capped by the locked-memory limit."""
+    if not cfg.rdma_resources:
+        return {}
+    return {"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}
+
+
+def _limits(cfg: LaunchConfig) -> dict[str, Any]:
+    limits: dict[str, Any] = dict(_gpu_resources(cfg).get("resources", {}).get("limits", {}))
+    limits.update({name: count for name, count in cfg.rdma_resources})
+    return {"resources": {"limits": limits}} if limits else {}
+
+
 def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping[str, Any]] = (),
              ports: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The pod every node runs: the image's entrypoint (tini; the command runs as ``pt``) with
@@ -46,7 +60,8 @@ def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping
         # and passes the exit status through.
         "args": list(args),
         "env": env,
-        **_gpu_resources(cfg),
+        **_limits(cfg),
+        **_rdma(cfg),
         "volumeMounts": shm_mount,
     }
     if ports:

@@ -60,7 +60,10 @@ def render_slurm(cfg: LaunchConfig) -> str:
         extra.append(f"--account={cfg.account}")
     env = cfg.env_vars(default_ifname=None)
     image = pyxis_image(cfg.image.ref) if cfg.launcher == "pyxis" else cfg.image.ref
-    passed = (*SLURM_VARS, "PTMG_RDZV_ENDPOINT", "PTMG_RDZV_ID", "PTMG_NODE_SCRIPT", *(k for k, _ in env))
+    # docker passes only what -e names; NCCL's network settings (NCCL_IB_HCA, ...) pass through by
+    # name from the job's environment when set there (`-e NAME` with NAME unset sets nothing).
+    passed = tuple(dict.fromkeys((*SLURM_VARS, "PTMG_RDZV_ENDPOINT", "PTMG_RDZV_ID", "PTMG_NODE_SCRIPT",
+                                  *(k for k, _ in env), *contract.NCCL_NET_ENV)))
     return environment(template_dir("launch")).get_template("sbatch.sh.j2").render(
         source=cfg.source,
         cell=cfg.cell,
@@ -85,6 +88,7 @@ def render_slurm(cfg: LaunchConfig) -> str:
         torch=cfg.torch or "(any version)",
         torch_test=" || ".join(f'compgen -G "{g}"' for g in native_torch_globs(cfg)),
         venv=contract.VENV,
+        ib_dir=contract.IB_DEVICE_DIR,
     )
 
 

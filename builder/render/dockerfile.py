@@ -9,7 +9,7 @@ the Jinja2 template only loops and guards.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import ptmg_contract as contract
 from builder.common.paths import project_root, template_dir
 from builder.common.templates import environment
 from builder.spec import ImageSpec
+from builder.spec.model import FLAVOUR_PIP, FLAVOURS
 
 TEMPLATE = "Dockerfile.j2"
 PROJECT_URL = "https://github.com/pt-multi-gpu/pt-multi-gpu"
@@ -30,6 +31,77 @@ BASE_APT = (
     "python3-venv",
     "tini",  # PID 1: reaps zombies, forwards signals
 )
+
+#: torch.compile in every image: Inductor's C++/OpenMP code (CPU) and Triton's C launcher stubs
+#: (GPU) need a C/C++ compiler and the Python headers; JIT C++ extensions too. g++ brings gcc,
+#: binutils, libc6-dev and OpenMP (libgomp1 and its link library). Not build-essential: make,
+#: dpkg-dev and perl add 47 MiB that compile never uses (the devel flavour adds them).
+COMPILE_APT = ("g++", "python3-dev")
+
+#: rdma-core's user space (about 3 MiB): NCCL dlopens libibverbs.so.1 (and, from 2.30, libmlx5.so.1
+#: of ibverbs-providers) to talk InfiniBand/RoCE; UCX and MPI use librdmacm. Debian trixie and
+#: Ubuntu noble renamed librdmacm1 in the 64-bit time_t transition.
+RDMA_APT: Mapping[str, tuple[str, ...]] = {
+    "bookworm": ("ibverbs-providers", "libibverbs1", "librdmacm1"),
+    "trixie": ("ibverbs-providers", "libibverbs1", "librdmacm1t64"),
+    "jammy": ("ibverbs-providers", "libibverbs1", "librdmacm1"),
+    "noble": ("ibverbs-providers", "libibverbs1", "librdmacm1t64"),
+}
+
+
+def os_packages(spec: ImageSpec) -> tuple[str, ...]:
+    """The OS layer's packages: the same for every cell on one base, whatever its flavour, so that
+    the runtime and devel cells of a torch share it (and every later layer up to the tools)."""
+    return tuple(sorted(set(BASE_APT) | set(COMPILE_APT) | set(RDMA_APT[spec.os]) | set(spec.apt)))
+
+
+def devel_packages(spec: ImageSpec) -> tuple[str, ...]:
+    """The devel layer's Debian packages (build-essential, git); () for other flavours."""
+    return tuple(sorted(FLAVOURS[spec.flavour]))
+
+
+def devel_requirements(spec: ImageSpec) -> tuple[str, ...]:
+    """The devel layer's pip requirements: the CUDA toolkit of the cell's CUDA major.minor from
+    NVIDIA's PyPI wheels (nvcc, cudart, CCCL headers), ninja for torch.utils.cpp_extension, and the
+    torch pins restated so that the resolver takes the toolkit patch torch itself pins (torch
+    2.14.1 requires cuda-toolkit==13.0.3). () for other flavours."""
+    if not spec.devel_toolkit:
+        return ()
+    return tuple(sorted({f"{spec.devel_toolkit}=={spec.cuda}.*", *FLAVOUR_PIP[spec.flavour],
+                         *core_requirements(spec)}))
+
+
+def torch_cuda_arch_list(spec: ImageSpec) -> str:
+    """The cell's CUDA targets in TORCH_CUDA_ARCH_LIST's spelling: sm_90 -> 9.0, sm_90a -> 9.0a,
+    compute_120 (PTX) -> 12.0+PTX. cpp_extension needs it without a GPU to ask."""
+    def dotted(arch: str) -> str:
+        num = arch.split("_", 1)[1]
+        suffix = num[-1] if num[-1].isalpha() else ""
+        digits = num[:-1] if suffix else num
+        return f"{digits[:-1]}.{digits[-1]}{suffix}"
+
+    out = [dotted(a) for a in spec.arch_list if a.startswith("sm_")]
+    for ptx in (dotted(a) for a in spec.arch_list if a.startswith("compute_")):
+        out = [f"{x}+PTX" if x == ptx else x for x in out] if ptx in out else [*out, f"{ptx}+PTX"]
+    return ";".join(out)
+
+
+def slim_args(spec: ImageSpec) -> tuple[str, ...]:
+    """Options of imagebuild/slim-venv.sh for this cell: strip Triton's debug sections always;
+    drop Triton's Blackwell ptxas where torch has no kernel (nor PTX) for compute capability 10+."""
+    args = ["--strip-triton"]
+    majors = [int(target.split(".")[0]) for target in torch_cuda_arch_list(spec).split(";") if target]
+    if majors and max(majors) < 10:
+        args.append("--drop-ptxas-blackwell")
+    return tuple(args)
+
+
+def devel_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
+    """What the devel layer sets: where the toolkit is, nvcc on PATH, the targets to compile for."""
+    if not spec.devel_toolkit:
+        return ()
+    return (("CUDA_HOME", contract.CUDA_HOME), ("PATH", f"{contract.CUDA_HOME}/bin:${{PATH}}"),
+            ("TORCH_CUDA_ARCH_LIST", f'"{torch_cuda_arch_list(spec)}"'))
 
 
 def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
@@ -59,7 +131,11 @@ def image_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
         contract.ENV_PYTHON: spec.python,
         contract.ENV_MIN_DRIVER: spec.min_driver,
         contract.ENV_CUDA_ARCH_LIST: '"' + " ".join(spec.arch_list) + '"',
+        contract.ENV_FLAVOUR: spec.flavour,
+        contract.ENV_TORCH_COMPILE: "yes" if spec.compile_supported else f'"no: {spec.compile_note}"',
     }
+    if spec.compile_supported and not spec.cpu_only:
+        env["TRITON_LIBCUDA_PATH"] = contract.LIBCUDA_LINK_DIR
     return tuple(sorted(env.items()))
 
 
@@ -82,13 +158,16 @@ def static_labels(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
 def render(spec: ImageSpec, source: str = "images.yaml") -> str:
     """The Dockerfile for one cell. Pure and deterministic."""
     template = environment(template_dir("render")).get_template(TEMPLATE)
-    apt = sorted(set(BASE_APT) | set(spec.apt))
     wheel_text = "PyPI" if spec.wheel_source == "pypi" else spec.wheel_source
     return template.render(
         c=contract,
         cell=spec,
         source=source,
-        apt=apt,
+        apt=os_packages(spec),
+        devel_apt=devel_packages(spec),
+        devel_reqs=devel_requirements(spec),
+        devel_env=devel_env(spec),
+        slim_args=slim_args(spec),
         core=core_requirements(spec),
         index_args=index_args(spec),
         tools_and_core=tuple(sorted(set(spec.tools) | set(spec.pip) | set(core_requirements(spec)))),

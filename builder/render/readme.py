@@ -20,8 +20,9 @@ def images_table(matrix: Matrix) -> str:
     for c in matrix.cells:
         refs = f"`{c.ref}`" + (f", `{c.repository}:latest`" if c.latest else "")
         rows.append([refs, c.torch, c.torchvision, f"{c.cuda} ({c.cuda_full})", c.cudnn, c.nccl or "bundled",
-                     c.python, c.base, f">= {c.min_driver}"])
-    header = ["image", "torch", "torchvision", "CUDA", "cuDNN", "NCCL", "Python", "base", "NVIDIA driver"]
+                     c.python, c.base, f">= {c.min_driver}", "yes" if c.compile_supported else f"no: {c.compile_note}"])
+    header = ["image", "torch", "torchvision", "CUDA", "cuDNN", "NCCL", "Python", "base", "NVIDIA driver",
+              "torch.compile"]
     tags = [[f"`{c.tag}`", ", ".join(f"`{t}`" for t in floating_tags(c, matrix.cells)),
              f"`{c.tag}-<YYYYMMDD>`, `{c.tag}-<git sha>`"] for c in matrix.cells]
     tag_header = ["cell", "floating tags (move to each new build)", "immutable tags (never overwritten)"]

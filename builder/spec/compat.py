@@ -114,6 +114,9 @@ class Compat:
     """All known releases, keyed by torch version, oldest first."""
 
     releases: Mapping[str, TorchRelease]
+    #: CUDA major -> the pip requirement (no version) of a CUDA toolkit with nvcc on PyPI; the devel
+    #: flavour exists only for these majors.
+    devel_toolkit: Mapping[str, str] = FrozenMap()
 
     def release(self, torch: str) -> TorchRelease | None:
         """The release with exactly this version, or None."""
@@ -133,6 +136,16 @@ class Compat:
         found += [v for v in reversed(known) if v.startswith(wanted + ".")]
         found += difflib.get_close_matches(wanted, known, n=n, cutoff=0.6)
         return list(dict.fromkeys(found))[:n]
+
+    def newest_with_cuda_major(self, major: str) -> tuple[str, str] | None:
+        """(torch, cuda) of the newest release with a torchvision that has a build for this CUDA
+        major (its PyPI default when that is one), or None."""
+        for version in reversed(list(self.releases)):
+            rel = self.releases[version]
+            cudas = [c for c in rel.variants if c.split(".")[0] == major]
+            if cudas and rel.torchvision is not None:
+                return version, (rel.default_cuda if rel.default_cuda in cudas else cudas[-1])
+        return None
 
     def torch_for_torchvision(self, tv: str) -> str | None:
         """The torch release paired with this torchvision version, or None."""

@@ -57,13 +57,14 @@ def _load_cached(path: Path) -> Compat:
 _RE_RELEASE = re.compile(r"\d+\.\d+\.\d+")
 _RE_CUDA = re.compile(r"\d+\.\d+")
 _RE_CUDA_MAJOR = re.compile(r"\d+")
+_RE_PIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?")
 _RE_PYTHON = re.compile(r"3\.\d+")
 _RE_CUDNN = re.compile(r"\d+\.\d+\.\d+\.\d+")
 _RE_DRIVER = re.compile(r"\d+(\.\d+)*")
 _RE_ARCH = re.compile(r"(sm|compute)_\d+[af]?")
 _RE_NUMPY = re.compile(r"(~=|==|!=|<=|>=|<|>)\s*\d+(\.\d+)*(\s*,\s*(~=|==|!=|<=|>=|<|>)\s*\d+(\.\d+)*)*")
 
-_TOP_KEYS = frozenset({"min_driver", "releases"})
+_TOP_KEYS = frozenset({"min_driver", "devel_toolkit", "releases"})
 _DRIVER_KEYS = frozenset({"minor_compat_floor", "cuda"})
 _DRIVER_CUDA_KEYS = frozenset({"min_driver", "min_driver_full"})
 _RELEASE_KEYS = frozenset({"python", "torchvision", "torchaudio", "default_cuda", "aarch64_cuda", "compile_python",
@@ -364,5 +365,21 @@ def _build(raw: object, errors: _Errors) -> Compat | None:
             )
         else:
             paired[rel.torchvision] = v
-    return Compat(releases=FrozenMap(sorted(releases.items(), key=lambda kv: Version.parse(kv[0]))))
+    return Compat(releases=FrozenMap(sorted(releases.items(), key=lambda kv: Version.parse(kv[0]))),
+                  devel_toolkit=_build_devel(errors, top["devel_toolkit"], top.at("devel_toolkit")))
+
+
+def _build_devel(errors: _Errors, obj: object, line: int | None) -> FrozenMap[str, str]:
+    """``devel_toolkit``: CUDA major -> the pip requirement of that toolkit (no version)."""
+    data = _mapping(errors, obj, "devel_toolkit", line)
+    out: dict[str, str] = {}
+    if data is None:
+        return FrozenMap()
+    for major, req in data.items():
+        m = _key_ok(errors, major, where="devel_toolkit", line=data.at(major), pattern=_RE_CUDA_MAJOR, example="13")
+        r = _string(errors, req, f"devel_toolkit[{major!r}]", data.at(major), _RE_PIP_NAME,
+                    example="cuda-toolkit[cccl,cudart,nvcc]")
+        if m is not None and r is not None:
+            out[m] = r
+    return FrozenMap(sorted(out.items()))
 

@@ -23,12 +23,20 @@ BASES: Mapping[str, Mapping[str, str]] = {
     "ubuntu:24.04": {"os": "noble", "python": "3.12", "bootstrap": ""},
 }
 
-# runtime: what users train in (torch.compile included). devel: the runtime plus a CUDA
-# toolkit matching the cell's CUDA (nvcc, headers; from NVIDIA's PyPI wheels), build-essential,
-# git and ninja, for building CUDA extensions. The extra Debian packages of each flavour:
+# runtime: what users train in (torch.compile included: every image has g++ and the Python
+# headers). devel: the runtime plus a CUDA toolkit matching the cell's CUDA (nvcc, headers; from
+# NVIDIA's PyPI wheels, see `devel_toolkit` in compat_data.yaml), build-essential, git and ninja,
+# for building CUDA extensions. The extra Debian packages of each flavour (its own layer, after the
+# tools, so a devel cell shares every earlier layer with the runtime cell of the same torch):
 FLAVOURS: Mapping[str, tuple[str, ...]] = {
     "runtime": (),
-    "devel": ("build-essential", "git", "ninja-build"),
+    "devel": ("build-essential", "git"),
+}
+#: ... and its extra pip requirements (besides the CUDA toolkit). ninja from PyPI rather than
+#: Debian's ninja-build: it lands in the venv, where torch.utils.cpp_extension looks first.
+FLAVOUR_PIP: Mapping[str, tuple[str, ...]] = {
+    "runtime": (),
+    "devel": ("ninja==1.13.0",),
 }
 
 #: Platforms a cell can target. linux/amd64 is the default; others are built under emulation
@@ -92,6 +100,7 @@ class ImageSpec:
     loc: Loc
     platform: str = DEFAULT_PLATFORM
     compile_python: tuple[str, ...] = ()  # the Pythons torch.compile supports in this release
+    devel_toolkit: str = ""  # devel: the CUDA toolkit's pip requirement (no version), e.g. cuda-toolkit[nvcc]
 
     @property
     def ref(self) -> str:

@@ -173,6 +173,8 @@ class Checker:
         if flavour not in FLAVOURS:
             self.err(at("flavour"), f"unknown flavour {flavour!r}{_did_you_mean(flavour, FLAVOURS)}; "
                      f"valid: {', '.join(FLAVOURS)}")
+        elif flavour == "devel" and cuda is not None:
+            self.check_devel(rel, cuda, at)
         if len(self.problems) > n_before or cuda is None or base_info is None or tv is None:
             return None
 
@@ -190,11 +192,33 @@ class Checker:
             cudnn_major=variant.cudnn_major if variant else 0, nccl=variant.nccl if variant else None,
             python=str(python), flavour=flavour, base=base, os=base_info["os"],
             bootstrap=base_info["bootstrap"], wheel_source=variant.source if variant else "pypi", numpy=rel.numpy,
-            apt=tuple(sorted(set(fields.get("apt", ())) | set(FLAVOURS[flavour]))),
+            apt=tuple(sorted(set(fields.get("apt", ())))),
             pip=tuple(sorted(set(fields.get("pip", ())))), tools=tuple(sorted(set(fields.get("tools", ())))),
             min_driver=variant.min_driver if variant else "", arch_list=variant.arch_list if variant else (),
             latest=False, loc=self.doc.at(cell_path), platform=platform, compile_python=rel.compile_python,
+            devel_toolkit=self.compat.devel_toolkit.get(cuda.split(".")[0], "") if flavour == "devel" else "",
         )
+
+    def check_devel(self, rel: TorchRelease, cuda: str, at: Callable[[str], Path_]) -> None:
+        """A devel cell needs nvcc for its CUDA from PyPI: NVIDIA publishes it for some majors only."""
+        have = sorted(self.compat.devel_toolkit, key=int)
+        if cuda == CPU:
+            self.err(at("flavour"), "flavour devel adds a CUDA toolkit, and this cell is CPU-only; "
+                     "use flavour: runtime")
+            return
+        major = cuda.split(".", maxsplit=1)[0]
+        if major in self.compat.devel_toolkit:
+            return
+        own = [c for c in rel.variants if c.split(".")[0] in self.compat.devel_toolkit]
+        if own:
+            fix = f"give this cell cuda: \"{own[-1]}\" (torch {rel.version} has that build)"
+        else:
+            newest = [n for n in (self.compat.newest_with_cuda_major(m) for m in reversed(have)) if n]
+            fix = (f"use a torch with a CUDA {have[-1]} build, e.g. torch: \"{newest[0][0]}\" with cuda: "
+                   f"\"{newest[0][1]}\"" if newest else "use a torch with such a build")
+        self.err(at("flavour"), f"flavour devel needs nvcc for CUDA {cuda} from PyPI, and NVIDIA publishes nvcc "
+                 f"wheels only for CUDA {', '.join(have) or 'none'} (nvidia-cuda-nvcc-cu{major} carries ptxas, "
+                 f"not nvcc); {fix}, or use flavour: runtime")
 
     def cuda_variant(self, rel: TorchRelease, platform: str, asked: str | None,
                      at: Callable[[str], Path_]) -> tuple[str | None, CudaVariant | None]:

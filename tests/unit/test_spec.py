@@ -152,19 +152,20 @@ def test_good_config_defaults(tmp_path: Path) -> None:
 def test_axes_exclude_include(tmp_path: Path) -> None:
     text = textwrap.dedent("""\
         axes:
-          torch: ["2.6.0", "2.7.0"]
+          torch: ["2.11.0", "2.14.1"]
           flavour: [runtime, devel]
         exclude:
-          - {torch: "2.6.0", flavour: devel}
+          - {torch: "2.11.0", flavour: devel}
         include:
           - {torch: "2.0.1"}
         """)
     m = load_matrix(write(tmp_path, text), "images.yaml")
     assert [c.name for c in m.cells] == [
-        "2.6.0-cuda12.4-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-runtime", "2.7.0-cuda12.6-cudnn9-devel",
+        "2.11.0-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-runtime", "2.14.1-cuda13.0-cudnn9-devel",
         "2.0.1-cuda11.7-cudnn8-runtime"]
     dev = m.cells[2]
-    assert "build-essential" in dev.apt
+    assert dev.devel_toolkit == "cuda-toolkit[cccl,cudart,nvcc]" and m.cells[1].devel_toolkit == ""
+    assert dev.apt == ()  # the devel layer's packages are not the OS layer's (the two images share it)
     assert [c.latest for c in m.cells] == [False, True, False, False]
 
 

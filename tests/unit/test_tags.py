@@ -21,9 +21,11 @@ include:
     cuda: "12.6"
   - torch: "2.7.1"
     cuda: "12.6"
-  - torch: "2.7.0"
-    cuda: "12.6"
+  - torch: "2.9.0"
+    cuda: "13.0"
     flavour: devel
+  - torch: "2.9.0"
+    cuda: "13.0"
   - torch: "2.7.1"
     cuda: "12.8"
   - torch: "2.6.0"
@@ -73,10 +75,12 @@ def test_minor_tag_only_on_newest_patch_per_minor_cuda_flavour(matrix: Matrix) -
         # 2.7.1 is newer: the 2.7.0 runtime cell keeps only its own tag.
         "2.7.0-cuda12.6-cudnn9-runtime": ("2.7.0-cuda12.6-cudnn9-runtime",),
         "2.7.1-cuda12.6-cudnn9-runtime": ("2.7.1-cuda12.6-cudnn9-runtime", "2.7-cuda12.6"),
-        # Flavour is its own line (suffix), so the devel cell gets its minor tag.
-        "2.7.0-cuda12.6-cudnn9-devel": ("2.7.0-cuda12.6-cudnn9-devel", "2.7-cuda12.6-devel"),
-        # Another CUDA is another line; this cell is also images.yaml's latest.
-        "2.7.1-cuda12.8-cudnn9-runtime": ("2.7.1-cuda12.8-cudnn9-runtime", "2.7-cuda12.8", "latest"),
+        # Flavour is its own line (suffix), so the devel cell gets its minor tag; `latest` goes to
+        # the runtime cell of the newest torch, never to its devel twin.
+        "2.9.0-cuda13.0-cudnn9-devel": ("2.9.0-cuda13.0-cudnn9-devel", "2.9-cuda13.0-devel"),
+        "2.9.0-cuda13.0-cudnn9-runtime": ("2.9.0-cuda13.0-cudnn9-runtime", "2.9-cuda13.0", "latest"),
+        # Another CUDA is another line.
+        "2.7.1-cuda12.8-cudnn9-runtime": ("2.7.1-cuda12.8-cudnn9-runtime", "2.7-cuda12.8"),
         "2.6.0-cuda12.6-cudnn9-runtime": ("2.6.0-cuda12.6-cudnn9-runtime", "2.6-cuda12.6"),
     }
 

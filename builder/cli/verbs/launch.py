@@ -24,6 +24,13 @@ def _env_pair(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _resource(text: str) -> tuple[str, int]:
+    name, sep, count = types.text(text).partition("=")
+    if not sep or not count.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=COUNT, e.g. rdma/rdma_shared_device_a=1")
+    return name, int(count)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, choices=TARGETS,
                    help="slurm: an sbatch script; pytorchjob: a Kubeflow PyTorchJob; "
@@ -64,6 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--namespace", default=None, type=types.text, help="Kubernetes: metadata.namespace")
     p.add_argument("--selftest-init", action="store_true",
                    help="Kubernetes: run the image's selftest as an initContainer first")
+    p.add_argument("--rdma-resource", action="append", default=[], type=_resource, metavar="NAME=COUNT",
+                   help="Kubernetes: an RDMA device plugin's resource per pod, e.g. rdma/rdma_shared_device_a=1 or "
+                        "vpc.amazonaws.com/efa=4 (repeatable); also adds the IPC_LOCK capability")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="write DIR/<cell>/<file> (needed when several cells are selected); default: stdout")
 
@@ -100,6 +110,7 @@ def run(ctx: Context) -> int:
             rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
             env=tuple(a.env), mounts=tuple(a.mount), time_limit=a.time, partition=a.partition, account=a.account,
             selftest_init=a.selftest_init, namespace=a.namespace, source=ctx.config_display,
+            rdma_resources=tuple(a.rdma_resource),
         ).check()
         text = render(a.target, cfg)
         if not cfg.image.pinned:

@@ -9,7 +9,7 @@ from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.log import table
 
-COLUMNS = ("name", "torch", "torchvision", "cuda", "cudnn", "nccl", "python", "flavour", "base", "latest")
+COLUMNS = ("name", "torch", "torchvision", "cuda", "cudnn", "nccl", "python", "flavour", "base", "compile", "latest")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +22,15 @@ def run(ctx: Context) -> int:
     if ctx.args.json:
         print(json.dumps({"include": rows} if ctx.args.github else rows, indent=None if ctx.args.github else 2))
         return 0
-    print(table(COLUMNS, [[str(r[c]) if r[c] is not None else "-" for c in COLUMNS] for r in rows]))
+    def shown(row: dict[str, object], column: str) -> str:
+        if column == "compile":
+            return "yes" if row["compile"] else "no (below)"
+        return str(row[column]) if row[column] is not None else "-"
+
+    print(table(COLUMNS, [[shown(r, c) for c in COLUMNS] for r in rows]))
+    for r in rows:
+        if not r["compile"]:
+            print(f"{r['name']}: no torch.compile: {r['compile_note']}")
     return 0
 
 

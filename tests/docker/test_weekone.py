@@ -1,0 +1,220 @@
+"""What a training user does in week one, in every default image of images.yaml (#12):
+torch.compile, CUDA extensions (devel), InfiniBand-ready NCCL, a newer Python.
+
+Each test runs against the cells of the real images.yaml it concerns. A missing or outdated
+image is built first through `build.py build --only CELL` (a no-op when its inputs hash matches),
+so `make test` on a fresh machine builds what it tests. What it checks:
+
+- torch.compile: the in-image compile checks pass in every runtime cell (for 2.0.1 on Python
+  3.11: the image says compile is unavailable, and torch agrees); the README's one-liner prints a
+  tensor; Triton builds its launcher against a libcuda.so.1 like the one the NVIDIA Container
+  Toolkit injects (Triton 3.3 links -lcuda); the 2.7.0 runtime image is no larger than before.
+- devel: the inline CUDA extension compiles and imports; nvcc is the cell's CUDA; the image
+  shares every layer up to the tools with its runtime cell.
+- RDMA: libibverbs.so.1 loads in every image; the start diagnostics warn about a small memlock
+  limit when verbs devices are visible, and stay quiet without them.
+- trixie (Python 3.13): its whole selftest passes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+
+import ptmg_contract as contract
+from builder.engine import Engine
+from builder.smoke import runner
+from builder.smoke.results import SelftestRun
+from builder.spec import ImageSpec, load_matrix
+
+from .conftest import TrackedContainers
+
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = load_matrix(ROOT / "images.yaml", "images.yaml")
+CELLS = {c.name: c for c in MATRIX.cells if not c.emulated}
+RUNTIME = [n for n, c in CELLS.items() if c.flavour == "runtime"]
+DEVEL = [n for n, c in CELLS.items() if c.flavour == "devel"]
+TRITON_CELLS = [n for n, c in CELLS.items() if c.compile_supported and not c.cpu_only and c.flavour == "runtime"]
+TRIXIE = [n for n, c in CELLS.items() if c.os == "trixie"]
+SEED_270 = "2.7.0-cuda12.6-cudnn9-runtime"
+#: `make images` before any #12 change built the 2.7.0 runtime image at this size.
+SIZE_270_BEFORE = 6_000_155_569
+SNIPPET = "import torch; f = torch.compile(lambda x: x.sin() + 1); print(f(torch.randn(4)))"
+
+_built: dict[str, str] = {}
+
+
+def image_of(name: str) -> str:
+    """The cell's image, built first when it is missing or its inputs changed (skip-unchanged)."""
+    if name not in _built:
+        r = subprocess.run([sys.executable, str(ROOT / "build.py"), "build", "--only", name, "--json"], cwd=ROOT,
+                           capture_output=True, text=True, check=False)
+        if r.returncode != 0:
+            pytest.fail(f"building {name} failed (exit {r.returncode}):\n{r.stderr[-4000:]}\n{r.stdout}",
+                        pytrace=False)
+        (result,) = json.loads(r.stdout)
+        assert result["status"] in ("built", "skipped"), result
+        _built[name] = CELLS[name].ref
+    return _built[name]
+
+
+@pytest.fixture
+def run(docker_client: docker.DockerClient, session_labels: dict[str, str]) -> Iterator[TrackedContainers]:
+    tracked = TrackedContainers(docker_client, "unused", session_labels)
+    try:
+        yield tracked
+    finally:
+        tracked.remove_all()
+
+
+def _python(run: TrackedContainers, image: str, code: str, timeout: float = 600, **kwargs: Any) -> tuple[int, str]:
+    """`docker run IMAGE python -c CODE`: the entrypoint's command mode, as the user `pt`."""
+    return run.run_and_wait(["python", "-c", code], image=image, timeout=timeout, **kwargs)
+
+
+def _selftest(docker_client: docker.DockerClient, session_labels: dict[str, str], image: str,
+              keyword: str) -> SelftestRun:
+    result = runner.run_selftest(Engine(client=docker_client, labels=session_labels), image, args=["-k", keyword],
+                                 timeout=1800)
+    assert result.ok, f"{result.summary()}\n{result.log[-6000:]}"
+    return result
+
+
+def _passed(result: SelftestRun, name: str) -> bool:
+    xml = result.junit_xml or ""
+    start = xml.find(f'name="{name}"')
+    if start == -1:
+        return False
+    end = xml.find("</testcase>", start)
+    tail = xml.find("/>", start)
+    case = xml[start:end if end != -1 and (tail == -1 or end < tail) else tail]
+    return "<skipped" not in case and "<failure" not in case and "<error" not in case
+
+
+# --- torch.compile ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", RUNTIME)
+def test_compile_checks_pass_in_every_runtime_image(cell: str, docker_client: docker.DockerClient,
+                                                    session_labels: dict[str, str]) -> None:
+    spec: ImageSpec = CELLS[cell]
+    result = _selftest(docker_client, session_labels, image_of(cell), "compile or rdma")
+    assert _passed(result, "test_compile_claim"), "the image's PTMG_TORCH_COMPILE does not match what torch does"
+    for check in ("test_compile_one_liner", "test_compile_model_cpu", "test_triton_build_helper"):
+        assert _passed(result, check) == spec.compile_supported, (check, spec.compile_note)
+    for check in ("test_rdma_ibverbs[libibverbs.so.1]", "test_rdma_rdmacm", "test_rdma_device_list"):
+        assert _passed(result, check), check
+
+
+@pytest.mark.parametrize("cell", RUNTIME)
+def test_the_readme_snippet_prints_a_tensor_or_the_image_says_why_not(cell: str, run: TrackedContainers,
+                                                                      docker_client: docker.DockerClient) -> None:
+    image = image_of(cell)
+    rc, out = _python(run, image, SNIPPET)
+    env = dict(e.split("=", 1) for e in docker_client.images.get(image).attrs["Config"]["Env"])
+    claim = env[contract.ENV_TORCH_COMPILE]
+    if CELLS[cell].compile_supported:
+        assert rc == 0 and "tensor([" in out, out[-3000:]
+        assert claim == "yes"
+    else:
+        assert rc != 0 and "not yet supported for torch.compile" in out, out[-3000:]
+        assert claim.startswith("no: ") and CELLS[cell].python in claim, claim
+
+
+@pytest.mark.parametrize("cell", TRITON_CELLS)
+def test_triton_builds_its_launcher_against_the_injected_libcuda(cell: str, run: TrackedContainers) -> None:
+    """What the NVIDIA Container Toolkit leaves in a container: libcuda.so.1 in the multiarch
+    folder, no unversioned libcuda.so. Triton's NVIDIA driver builds its launcher (driver.c) with
+    its own library dirs and libraries (Triton 3.3: -lcuda) against a stub of it."""
+    script = r"""
+set -eu
+d=/usr/lib/$(gcc -print-multiarch)
+echo 'void cuInit(void) {}' > /tmp/stub.c
+gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$d/libcuda.so.1" /tmp/stub.c && ldconfig
+exec setpriv --reuid 1000 --regid 1000 --clear-groups /opt/venv/bin/python - <<'PY'
+import os, tempfile, triton.runtime.build as tb
+from triton.backends.nvidia import driver as nv
+src = os.path.join(os.path.dirname(nv.__file__), "driver.c")
+inc = getattr(nv, "include_dirs", None) or nv.include_dir
+kw = {"ccflags": []} if "ccflags" in tb._build.__code__.co_varnames else {}
+with tempfile.TemporaryDirectory() as tmp:
+    so = tb._build("cuda_utils", src, tmp, nv.library_dirs(), inc, nv.libraries, **kw)
+    print("PTMG-BUILT", os.path.basename(so), nv.libraries)
+PY
+"""
+    rc, out = run.run_and_wait(["-c", script], image=image_of(cell), entrypoint=["bash"], user="0", timeout=300)
+    assert rc == 0 and "PTMG-BUILT cuda_utils" in out, out[-4000:]
+
+
+def test_the_270_runtime_image_is_no_larger_than_before(docker_client: docker.DockerClient) -> None:
+    size = int(docker_client.images.get(image_of(SEED_270)).attrs["Size"])
+    assert size <= SIZE_270_BEFORE, f"{size:,} B > {SIZE_270_BEFORE:,} B (the 2.7.0 image before #12)"
+
+
+# --- devel --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", DEVEL)
+def test_devel_builds_and_imports_an_inline_cuda_extension(cell: str, docker_client: docker.DockerClient,
+                                                           session_labels: dict[str, str]) -> None:
+    result = _selftest(docker_client, session_labels, image_of(cell), "devel")
+    for check in ("test_devel_toolkit", "test_devel_load_inline"):
+        assert _passed(result, check), f"{check}\n{result.log[-6000:]}"
+
+
+@pytest.mark.parametrize("cell", DEVEL)
+def test_devel_shares_its_runtime_cells_layers(cell: str, docker_client: docker.DockerClient) -> None:
+    spec = CELLS[cell]
+    twin = next(n for n, c in CELLS.items() if c.flavour == "runtime" and (c.torch, c.cuda, c.base, c.platform)
+                == (spec.torch, spec.cuda, spec.base, spec.platform))
+    devel = docker_client.images.get(image_of(cell)).attrs["RootFS"]["Layers"]
+    runtime = docker_client.images.get(image_of(twin)).attrs["RootFS"]["Layers"]
+    ours = 3  # the COPY layers of our own files (contract, entrypoint, smoke tests) come last
+    shared = len(runtime) - ours
+    assert devel[:shared] == runtime[:shared], "the devel image does not build on its runtime cell's layers"
+    assert len(devel) > len(runtime)
+
+
+# --- RDMA ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_libibverbs_loads_in_every_image(cell: str, run: TrackedContainers) -> None:
+    rc, out = _python(run, image_of(cell), "import ctypes; ctypes.CDLL('libibverbs.so.1'); print('ok')")
+    assert rc == 0 and out.strip().endswith("ok"), out
+
+
+def test_start_diagnostics_warn_about_a_small_memlock_limit_with_rdma_devices(run: TrackedContainers) -> None:
+    image = image_of(SEED_270)
+    small = [docker.types.Ulimit(name="memlock", soft=65536, hard=65536)]
+    # A stand-in verbs device node: what `--device /dev/infiniband` gives a container on an IB host.
+    fake_ib = [f"/dev/null:{contract.IB_DEVICE_DIR}/uverbs0:rwm"]
+    rc, out = run.run_and_wait(["true"], image=image, ulimits=small, devices=fake_ib, timeout=180)
+    assert rc == 0, out
+    assert "WARNING: locked memory is limited to 64 KiB and RDMA devices are visible" in out, out
+    assert "--ulimit memlock=-1" in out
+    assert f"RDMA: 1 verbs device(s) in {contract.IB_DEVICE_DIR}" in out
+    rc, out = run.run_and_wait(["true"], image=image, ulimits=small, timeout=180)
+    assert rc == 0 and "locked memory is limited" not in out, out
+    assert "RDMA: no InfiniBand/RoCE devices; locked memory 64 KiB" in out
+    assert "NCCL between nodes: TCP sockets" in out
+
+
+# --- a newer Python -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cell", TRIXIE)
+def test_the_trixie_cell_passes_its_whole_selftest(cell: str, docker_client: docker.DockerClient,
+                                                   session_labels: dict[str, str]) -> None:
+    image = image_of(cell)
+    result = runner.run_selftest(Engine(client=docker_client, labels=session_labels), image, timeout=1800)
+    assert result.ok, f"{result.summary()}\n{result.log[-6000:]}"
+    assert _passed(result, "test_env[python]") and _passed(result, "test_compile_model_cpu")
+    assert docker_client.images.get(image).attrs["Config"]["Labels"][contract.label("python")] == "3.13"
