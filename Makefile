@@ -5,6 +5,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 ARGS ?=
+# Platforms of the cells to build/test (--platforms): native (default: this host's), all, linux/arm64.
+# Other platforms build under qemu emulation (much slower); `make test` covers them all.
+PLATFORMS ?=
+PLATFORM_FLAG := $(if $(PLATFORMS),--platforms $(PLATFORMS))
+EMULATION := $(if $(filter-out native,$(PLATFORMS)),emulation)
 
 .DEFAULT_GOAL := help
 .PHONY: help images test test-unit render check lint engine tools base doctor matrix smoke publish pictures clean
@@ -26,15 +31,16 @@ engine: ## make sure a Docker engine answers (starts dockerd as root on Debian)
 tools: ## install what the docker test tier drives (as root on Debian; elsewhere: says what is missing)
 	@scripts/ensure-tools.sh test
 
-images: $(VENV)/.installed engine ## build every image of images.yaml (ARGS="--only PATTERN --jobs 2 ...")
-	@scripts/ensure-tools.sh images
-	$(PY) build.py build $(ARGS)
+images: $(VENV)/.installed engine ## build the images of images.yaml for this host (PLATFORMS=all: arm64 too, emulated; ARGS="--only PATTERN --jobs 2 ...")
+	@scripts/ensure-tools.sh images $(EMULATION)
+	$(PY) build.py build $(PLATFORM_FLAG) $(ARGS)
 
 base: $(VENV)/.installed engine ## make the base images offline with debootstrap where they can't be pulled
-	$(PY) build.py base $(ARGS)
+	@scripts/ensure-tools.sh images $(EMULATION)
+	$(PY) build.py base $(PLATFORM_FLAG) $(ARGS)
 
 smoke: $(VENV)/.installed engine ## smoke-test the built images in containers (ARGS="--nodes 2" for multi-node DDP)
-	$(PY) build.py test $(ARGS)
+	$(PY) build.py test $(PLATFORM_FLAG) $(ARGS)
 
 publish: $(VENV)/.installed engine ## push built, smoke-tested images: make publish REGISTRY=host[:port][/namespace]
 	@test -n "$(REGISTRY)" || { echo "usage: make publish REGISTRY=host[:port][/namespace]" >&2; exit 2; }

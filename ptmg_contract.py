@@ -149,6 +149,10 @@ ENV_JUPYTER_PASSWORD_HASH = "JUPYTER_PASSWORD_HASH"  # noqa: S105 - a variable n
 ENV_SSH_AUTHORIZED_KEYS = "SSH_AUTHORIZED_KEYS"
 ENV_PT_UID = "PT_UID"
 ENV_PT_GID = "PT_GID"
+#: Set by `build.py test` for a cell of another architecture (the container runs under qemu):
+#: what it runs on, e.g. "linux/arm64 on linux/amd64 (qemu 10.0.2)". The selftest then skips, with
+#: that reason, the checks that take many minutes each under emulation (torchrun, torch.compile).
+ENV_SMOKE_EMULATED = "PTMG_SMOKE_EMULATED"
 
 #: check name -> (ENV variable, image label): what the selftest compares the image against.
 EXPECT_KEYS: Mapping[str, tuple[str, str]] = {

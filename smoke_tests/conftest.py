@@ -96,6 +96,27 @@ def pytest_collection_modifyitems(items: list[Any]) -> None:
         return ORDER.index(name) if name in ORDER else len(ORDER)
 
     items.sort(key=rank)  # stable: the order inside a module is kept
+    where = os.environ.get(smokelib.contract.ENV_SMOKE_EMULATED, "")
+    for item in items:
+        why = emulation_skip(item, where)
+        if why:
+            item.add_marker(pytest.mark.skip(reason=why))
+
+
+def emulation_skip(item: Any, where: str) -> str:
+    """Why a check is skipped under emulation ("" when it runs): `build.py test` of another
+    architecture's cell (linux/arm64 on x86, qemu-user) sets PTMG_SMOKE_EMULATED. There `import
+    torch` alone takes one to three minutes, so every torchrun launch (two more imports per rank)
+    and every torch.compile (g++ under qemu) would take many minutes; `build.py test` runs the
+    2-rank gloo DDP job once instead, and real arm64 hardware runs everything."""
+    if not where:
+        return ""
+    if item.get_closest_marker("ddp") or item.get_closest_marker("seed"):
+        return (f"under emulation ({where}): torchrun launches take minutes each; `build.py test` runs the "
+                "2-rank gloo DDP job once instead")
+    if item.module.__name__.rsplit(".", 1)[-1] == "test_compile":
+        return f"under emulation ({where}): torch.compile runs g++ under qemu (minutes per kernel)"
+    return ""
 
 
 def pytest_generate_tests(metafunc: Any) -> None:

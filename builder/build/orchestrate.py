@@ -20,15 +20,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ptmg_contract as contract
-from builder.build import base_image
+from builder.build import base_foreign, base_image
 from builder.build.buildenv import BuildEnv, secret_files
 from builder.build.inputs import context_files, git_revision, inputs_hash, recipe_hash
 from builder.build.os_snapshot import Snapshot, Snapshots
 from builder.build.probe import check_probe, labels_for, probe
 from builder.common.log import log
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
+from builder.host import emulation
 from builder.render import dockerfile as render
 from builder.spec import ImageSpec
+from builder.spec.model import DEFAULT_PLATFORM
 
 
 @dataclass(frozen=True)
@@ -87,17 +89,22 @@ class _Builder:
         return self._cli
 
     def base_id(self, spec: ImageSpec) -> str:
+        cli = self.cli() if spec.platform != DEFAULT_PLATFORM else None
         with self._lock:  # two cells on one base must not bootstrap it twice
-            if not self.engine.image_exists(spec.base):
+            if not self.engine.image_exists(spec.base_ref):
                 if self.cfg.dry_run:
                     return "absent"
-                base_image.ensure(self.engine, spec, self.cfg.mirror)
-            return self.engine.image_id(spec.base)
+                if spec.platform != DEFAULT_PLATFORM:  # another platform's base: its own name (base_foreign)
+                    base_foreign.ensure(self.engine, spec, self.cfg.mirror, cli)
+                else:
+                    base_image.ensure(self.engine, spec, self.cfg.mirror)
+            return self.engine.image_id(spec.base_ref)
 
     def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool) -> BuildOutcome:
         with secret_files(self.cfg.build_env) as secrets:
             req = BuildRequest(self.cfg.root, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
-                               secrets, log_path, no_cache)
+                               secrets, log_path, no_cache,
+                               platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform)
             snap = self._os.get(spec.name)
             if snap is not None and snap.key:  # the OS layer's cache key (#16); never in the Dockerfile
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
@@ -114,7 +121,7 @@ class _Builder:
             self._sources_ok.add(base)
 
     def _on_current_base(self, spec: ImageSpec, image_id: str) -> bool:
-        base = self.engine.rootfs_layers(spec.base)
+        base = self.engine.rootfs_layers(spec.base_ref)
         return self.engine.rootfs_layers(image_id)[: len(base)] == base
 
     def build(self, spec: ImageSpec) -> CellResult:
@@ -131,6 +138,11 @@ class _Builder:
         return result
 
     def _build(self, spec: ImageSpec, log_path: Path, start: float) -> CellResult:
+        if spec.emulated and not self.cfg.dry_run:
+            emu = emulation.probe(spec.platform)
+            if not emu.ok:
+                return CellResult(spec.name, "failed", message=f"{spec.platform} is built under emulation, and "
+                                  f"{emu.describe()}\nfix: {emulation.FIX}")
         (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
         dockerfile, text = rendered.path, rendered.text
         if not self.cfg.dry_run and render.write([rendered]):
@@ -149,18 +161,18 @@ class _Builder:
                               self.engine.image_id(spec.ref), "unchanged (inputs hash matches)")
         if self.cfg.dry_run:
             return CellResult(spec.name, "would-build", message=f"inputs {digest[:19]} differ from {spec.ref}")
-        self._check_sources(spec.base, spec.os)
+        self._check_sources(spec.base_ref, spec.os)
         outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache)
         if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
             # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
             # cached layers from the old base were reused. Never ship that; rebuild uncached.
             log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
-                        spec.name, spec.base)
+                        spec.name, spec.base_ref)
             outcome = self._run_build(spec, dockerfile, log_path, no_cache=True)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,
                               message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
-        probed = probe(self.engine, outcome.image_id)
+        probed = probe(self.engine, outcome.image_id, emulated=spec.emulated)
         mismatches = check_probe(spec, probed)
         if mismatches:
             return CellResult(spec.name, "failed", time.monotonic() - start,

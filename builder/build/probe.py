@@ -126,8 +126,9 @@ def labels_for(spec: ImageSpec, probed: dict[str, object], digest: str, builder:
     }
 
 
-def probe(engine: Engine, image_id: str) -> dict[str, Any]:
-    r = engine.run(image_id, [], entrypoint=[contract.VENV_PYTHON, "-c", PROBE], timeout=300,
+def probe(engine: Engine, image_id: str, *, emulated: bool = False) -> dict[str, Any]:
+    # Under emulation `import torch` alone takes 80-170 s on a busy 2-core host (the engine adds an init).
+    r = engine.run(image_id, [], entrypoint=[contract.VENV_PYTHON, "-c", PROBE], timeout=1200 if emulated else 300,
                    environment={"CUDA_VISIBLE_DEVICES": ""})
     if r.exit_code != 0:
         raise EngineError(f"probing the built image failed (exit {r.exit_code}):\n{r.output[-2000:]}")

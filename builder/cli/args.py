@@ -6,12 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
 from builder.common.errors import EXIT_INVALID
 from builder.common.yamlpos import control_character
+from builder.spec import platforms as spec_platforms
 
 
 class Parser(argparse.ArgumentParser):
@@ -56,3 +58,21 @@ def text(value: str) -> str:
         raise argparse.ArgumentTypeError(f"{value!r}: contains a control character ({bad}); "
                                          "give one line of printable text")
     return value
+
+
+def platforms(text: str) -> tuple[str, ...]:
+    """``native`` | ``all`` | platforms, comma-separated (builder.spec.platforms)."""
+    try:
+        return spec_platforms.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
+def add_platforms(p: argparse.ArgumentParser, default: str, env: str | None = "PTMG_PLATFORMS") -> None:
+    """The ``--platforms`` flag of the verbs that build, test or publish cells (a string default
+    goes through ``type`` too, so a bad environment value is the same one-line error)."""
+    emulated = "emulated, e.g. linux/arm64 on x86: much slower"
+    p.add_argument("--platforms", type=platforms, default=(os.environ.get(env) if env else None) or default,
+                   metavar="native|all|PLATFORM,...",
+                   help=f"the cells' platforms to cover: native (this host's), all ({emulated}), or a list such as "
+                        f"linux/arm64 (default {default}" + (f"; env {env})" if env else ")"))

@@ -18,9 +18,10 @@ from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.verbs import VERBS
 from builder.common.errors import EXIT_FAILED, EXIT_INVALID, InputError, StepFailed
+from builder.common.log import log
 from builder.common.paths import project_root
 from builder.render.dockerfile import docker_dir_for, source_name
-from builder.spec import load_matrix, select
+from builder.spec import ImageSpec, load_matrix, platforms, select
 
 
 def _display(path: Path) -> str:
@@ -60,8 +61,26 @@ def _context(args: object) -> Context:
     display = _display(config)
     matrix = load_matrix(config, display)
     cells = select(matrix.cells, getattr(args, "only", ()), getattr(args, "exclude", ()))
+    wanted = getattr(args, "platforms", None)  # build, test, base, publish: --platforms
+    if wanted:
+        cells = _on_platforms(cells, wanted)
     return Context(args, matrix, cells, display, source_name(config), docker_dir_for(config),  # type: ignore[arg-type]
                    verbs=tuple((v.usage, v.help) for v in VERBS))
+
+
+def _on_platforms(cells: tuple[ImageSpec, ...], wanted: tuple[str, ...]) -> tuple[ImageSpec, ...]:
+    """The selected cells on the ``--platforms`` asked for; the others are named in one log line."""
+    host = platforms.host_platform()
+    kept, left = platforms.choose(cells, wanted, host)
+    if left:
+        names = ", ".join(f"{c.name} ({c.platform})" for c in left)
+        hint = "--platforms all" if wanted == (platforms.NATIVE,) else "--platforms all or another list"
+        if not kept:
+            raise InputError(f"--platforms {','.join(wanted)}: leaves none of the selected cells ({names}); "
+                             f"add {hint} (env PTMG_PLATFORMS; make PLATFORMS=all)")
+        log.info("not covering %s: --platforms %s (this host is %s); add %s for them", names, ",".join(wanted),
+                 host, hint)
+    return kept
 
 
 def main(argv: Sequence[str] | None = None) -> int:

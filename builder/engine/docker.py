@@ -57,6 +57,7 @@ class Engine:
         self.client: Any = client if client is not None else connect()
         self.labels: dict[str, str] = dict(labels) if labels is not None else {
             PROJECT_LABEL[0]: PROJECT_LABEL[1], "session": uuid.uuid4().hex}
+        self._host_arch: str | None = None
 
     # --- images ------------------------------------------------------------
     @_translated
@@ -93,6 +94,22 @@ class Engine:
     def image_size(self, ref: str) -> int:
         return int(self._attrs(ref).get("Size", 0))
 
+    def host_arch(self) -> str:
+        """The engine's architecture in image terms (amd64, arm64), asked once."""
+        if self._host_arch is None:
+            machine = str(self.info().get("Architecture") or "")
+            self._host_arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+        return self._host_arch
+
+    def foreign_platform(self, ref: str) -> str | None:
+        """``linux/<arch>`` when the local image ``ref`` is for another architecture than the engine's
+        (it runs under emulation), else None (also for an absent image)."""
+        attrs = self.image_attrs(ref)
+        arch = str((attrs or {}).get("Architecture") or "")
+        if not arch or arch == self.host_arch():
+            return None
+        return f"{attrs.get('Os') or 'linux'}/{arch}" if attrs else None
+
     @_translated
     def tag(self, image_id: str, ref: str) -> None:
         repo, _, tag = ref.rpartition(":")
@@ -110,11 +127,12 @@ class Engine:
             self.client.images.remove(ref, force=True)
 
     @_translated
-    def pull(self, ref: str) -> str | None:
-        """Pull an image; the error text on failure, None on success."""
+    def pull(self, ref: str, platform: str | None = None) -> str | None:
+        """Pull an image (for ``platform``, e.g. linux/arm64; default the host's); the error text on
+        failure, None on success."""
         repo, _, tag = ref.rpartition(":")
         try:
-            self.client.images.pull(repo, tag=tag or "latest")
+            self.client.images.pull(repo, tag=tag or "latest", platform=platform)
         except docker.errors.APIError as exc:
             return str(exc.explanation or exc)
         return None
@@ -206,6 +224,12 @@ class Engine:
         DNS resolves aliases and names, not hostnames). The caller removes it (:meth:`remove`).
         """
         labels = {**self.labels, **(extra_labels or {})}
+        foreign = self.foreign_platform(image)
+        if foreign is not None:
+            # Another architecture runs under qemu-user. A crashing qemu as PID 1 never exits (the
+            # container hangs), so such containers always get an init; the platform avoids a pull.
+            kwargs.setdefault("init", True)
+            kwargs.setdefault("platform", foreign)
         if network is not None:
             kwargs["network"] = network
             if alias is not None:

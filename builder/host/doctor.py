@@ -10,6 +10,7 @@ from pathlib import Path
 
 from builder.common.versions import Version
 from builder.engine import Engine, EngineError, find_buildkit_cli
+from builder.host import emulation
 from builder.spec import ImageSpec
 
 GB = 1000**3
@@ -50,6 +51,12 @@ def host_gpus() -> tuple[list[Gpu], str]:
 def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str) -> list[Finding]:
     """Per cell: can this host run it on its GPUs? Pure, so it is unit-tested."""
     out = []
+    for c in (c for c in cells if c.emulated):  # another architecture: qemu runs it, CPU only
+        out.append(Finding("warn", f"{c.name}: {c.platform} runs here under emulation only (CPU, much slower; "
+                                   "GPU checks are skipped)",
+                           f"to run it on GPUs: an {c.arch} host (e.g. Grace Hopper) with NVIDIA driver >= "
+                           f"{c.min_driver} and the NVIDIA Container Toolkit"))
+    cells = [c for c in cells if not c.emulated]
     if not gpus:
         for c in cells:
             out.append(Finding("warn", f"{c.name}: no GPU here ({reason}); it builds and runs on CPU only, "
@@ -124,4 +131,10 @@ def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine]) -> list[
                                 "images still build and their smoke tests run on CPU (gloo); "
                                 "for GPU runs install the NVIDIA driver and Container Toolkit"))
     findings += cell_findings(cells, gpus, reason)
+    # Other architectures (linux/arm64 on x86): qemu through binfmt_misc, and which qemu is in use.
+    emulated: dict[str, list[str]] = {}
+    for c in cells:
+        if c.emulated:
+            emulated.setdefault(c.platform, []).append(c.name)
+    findings += [Finding(*f) for f in emulation.findings(sorted({*emulated, "linux/arm64"}), emulated)]
     return findings

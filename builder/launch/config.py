@@ -121,6 +121,9 @@ class LaunchConfig:
     #: Kubernetes: RDMA device-plugin resources per pod (name, count); non-empty adds IPC_LOCK too.
     rdma_resources: tuple[tuple[str, int], ...] = ()
     namespace: str | None = None
+    #: Kubernetes: the nodes' architecture (kubernetes.io/arch: amd64, arm64): a cell is one platform,
+    #: and an image pinned by digest runs only there. "" = any node.
+    arch: str = ""
     source: str = "images.yaml"
     labels: Mapping[str, str] = field(default_factory=contract.project_labels)
 

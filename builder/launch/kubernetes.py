@@ -67,6 +67,8 @@ def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping
     if ports:
         main["ports"] = [dict(p) for p in ports]
     spec: dict[str, Any] = {"restartPolicy": "Never"}
+    if cfg.arch:  # the cell's platform (arm64: Grace Hopper/Blackwell nodes); the digest pins one platform
+        spec["nodeSelector"] = {"kubernetes.io/arch": cfg.arch}
     if cfg.selftest_init:
         selftest_args = ["selftest", "--nproc", str(cfg.nproc_per_node)]
         if cfg.gpus_per_node:

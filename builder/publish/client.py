@@ -38,6 +38,9 @@ class Remote:
     media_type: str = ""
     compressed_size: int | None = None  # sum of the layer sizes
     fault: Fault | None = None
+    size: int | None = None  # bytes of the manifest itself (an index entry's size)
+    #: a manifest list / OCI index: (platform "os/arch[/variant]", manifest digest) per entry
+    children: tuple[tuple[str, str], ...] = ()
 
     @property
     def present(self) -> bool:
@@ -63,10 +66,24 @@ def manifest_remote(status: int, headers: Mapping[str, str], body: bytes, what: 
         layers = data.get("layers")
         config_digest = str(config["digest"]) if isinstance(config, dict) and "digest" in config else None
         size = sum(int(x.get("size", 0)) for x in layers if isinstance(x, dict)) if isinstance(layers, list) else None
-        return Remote(digest, config_digest, media, size)
+        return Remote(digest, config_digest, media, size, size=len(body), children=_children(data))
     if status == 404 and {c for c, _ in registry_errors(body)} & ABSENT_CODES:
         return Remote()
     return Remote(fault=http_fault(status, headers, body, what))
+
+
+def _children(data: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
+    """The entries of a manifest list / OCI index: (os/arch[/variant], digest)."""
+    entries = data.get("manifests")
+    if not isinstance(entries, list):
+        return ()
+    out = []
+    for e in entries:
+        if isinstance(e, dict) and isinstance(e.get("platform"), dict) and "digest" in e:
+            p = e["platform"]
+            plat = "/".join(str(x) for x in (p.get("os"), p.get("architecture"), p.get("variant")) if x)
+            out.append((plat, str(e["digest"])))
+    return tuple(out)
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -136,29 +153,49 @@ class RegistryClient:
         """What the registry holds under a tag (or digest). Never raises for registry/network faults."""
         url = f"{self.registry.api_base}/v2/{self.path}/manifests/{reference}"
         what = f"GET {self.registry.host}/{self.path}:{reference} manifest"
+        got = self._send("GET", url, {"Accept": ACCEPT}, None, what)
+        if isinstance(got, Fault):
+            return Remote(fault=got)
+        return manifest_remote(got.status_code, got.headers, got.content, what)
+
+    def put_manifest(self, reference: str, media_type: str, body: bytes) -> str | Fault:
+        """PUT a manifest (a manifest list / OCI index) under a tag: the digest the registry answers, or
+        the fault. The caller reads the tag back to verify it."""
+        url = f"{self.registry.api_base}/v2/{self.path}/manifests/{reference}"
+        what = f"PUT {self.registry.host}/{self.path}:{reference} manifest"
+        got = self._send("PUT", url, {"Content-Type": media_type}, body, what)
+        if isinstance(got, Fault):
+            return got
+        if got.status_code not in (200, 201):
+            return http_fault(got.status_code, got.headers, got.content, what)
+        return got.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(body).hexdigest()
+
+    def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+              what: str) -> requests.Response | Fault:
+        """One request, answering a Basic or Bearer challenge once each (a PUT's token asks for push)."""
         tried: set[str] = set()
         while True:
             try:
-                r = self.session.get(url, headers={"Accept": ACCEPT, **self._auth}, timeout=self.timeout,
-                                     verify=self.verify)
+                call = self.session.get if method == "GET" else self.session.put
+                r = call(url, headers={**headers, **self._auth}, data=body, timeout=self.timeout, verify=self.verify)
             except requests.exceptions.RequestException as exc:
-                return Remote(fault=exception_fault(exc, what))
+                return exception_fault(exc, what)
             if r.status_code != 401:
-                return manifest_remote(r.status_code, r.headers, r.content, what)
+                return r
             scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
             if scheme in tried or scheme not in ("basic", "bearer"):
-                return Remote(fault=http_fault(r.status_code, r.headers, r.content, what))
+                return http_fault(r.status_code, r.headers, r.content, what)
             tried.add(scheme)
             if scheme == "basic":
                 if self.creds is None:
-                    return Remote(fault=Fault("auth", f"{what}: the registry wants credentials and none are set "
-                                                      "(PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD(_FILE), or "
-                                                      "`docker login`)", False))
+                    return Fault("auth", f"{what}: the registry wants credentials and none are set "
+                                         "(PTMG_REGISTRY_USER + PTMG_REGISTRY_PASSWORD(_FILE), or "
+                                         "`docker login`)", False)
                 self._auth = self._basic()
             else:
                 got = self._token(params, what)
                 if isinstance(got, Fault):
-                    return Remote(fault=got)
+                    return got
                 self._auth = got
 
 

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import ptmg_contract as contract
 from builder.common.log import log
 from builder.engine import EngineError
+from builder.publish import manifest_list
 from builder.publish.address import Registry
 from builder.publish.client import Remote
 from builder.publish.credentials import Credentials, redact
@@ -79,6 +80,7 @@ class EnginePort(Protocol):
 
 class RegistryPort(Protocol):
     def manifest(self, reference: str) -> Remote: ...
+    def put_manifest(self, reference: str, media_type: str, body: bytes) -> str | Fault: ...  # manifest lists
 
 
 @dataclass(frozen=True)
@@ -335,6 +337,7 @@ class Publisher:
                         allow_untested=self.cfg.allow_untested,
                         credentials=self.creds.source if self.creds else "anonymous")
         cells = [self._prepare(spec, matrix) for spec in selected]
+        multi = manifest_list.MultiPlatform(self, matrix, cells)  # a tag of several platforms: one list
         report.cells = [c.report for c in cells]
         if self.cfg.allow_untested:
             untested = [c.spec.name for c in cells if c.report.smoke.get("status") != "passed"]
@@ -359,7 +362,7 @@ class Publisher:
         for c in cells:
             if c.tags is not None:
                 log.info("%s (%s): immutable tags %s", c.spec.name, c.image_id[:19], ", ".join(c.tags.immutable))
-                self._immutable(c)
+                multi.immutable(c) if multi.owns(c) else self._immutable(c)
             else:
                 log.error("%s: %s", c.spec.name, c.report.error)
 
@@ -374,13 +377,13 @@ class Publisher:
                                                "test (see floating_gate)") for t in c.tags.floating]
                 continue
             for t in c.tags.floating:
-                res = self._publish_tag(c, t, "floating", None)
+                res = multi.floating(c, t) if multi.owns(c) else self._publish_tag(c, t, "floating", None)
                 c.report.tags.append(res)
                 self._log_result(res)
         if not is_open:
             log.error("floating tags held:\n  %s", "\n  ".join(report.floating_gate["reasons"]))
         for c in cells:
-            self._summarise(c)
+            multi.summarise(c) if multi.owns(c) else self._summarise(c)
         report.ok = is_open and all(c.immutable_ok and all(t.status in OK_STATUSES for t in c.tags)
                                     for c in report.cells)
         return self._finish(report, started)

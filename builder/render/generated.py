@@ -20,7 +20,8 @@ from builder.spec import Matrix
 
 
 def _template(name: str, matrix: Matrix) -> str:
-    older = [c for c in matrix.cells if not c.latest] or list(matrix.cells)
+    native = [c for c in matrix.cells if not c.emulated] or list(matrix.cells)  # an example that runs here
+    older = [c for c in native if not c.latest] or native
     example = max(older, key=lambda c: version_key(c.torch)).ref
     return environment(template_dir("render")).get_template(name).render(
         c=contract, repository=matrix.repository, example_image=example)

@@ -91,13 +91,16 @@ def run_selftest(
     require_multi_gpu: bool = False,
     timeout: float = 900.0,
     expect: Mapping[str, str] | None = None,
+    emulated: str = "",
 ) -> SelftestRun:
     """``docker run IMAGE selftest ...`` and collect its JUnit XML.
 
     ``expect`` defaults to the image's own ``io.pt-multi-gpu.*`` labels, so the
     versions are checked against what the image claims. ``gpus`` adds the GPUs
     (``gpu_ids``, default all) and ``--require-gpu``; ``require_multi_gpu`` makes a
-    one-GPU container fail the checks that need two.
+    one-GPU container fail the checks that need two. ``emulated`` (e.g. "linux/arm64 on
+    linux/amd64 (qemu 10.0.2)") says the image runs under emulation: the selftest then skips, with
+    that reason, what takes many minutes there (torchrun launches, torch.compile).
     """
     labels = expect_labels(engine.image_labels(image)) if expect is None else dict(expect)
     junit_path = f"{IN_CONTAINER_OUT}/junit.xml"
@@ -112,6 +115,8 @@ def run_selftest(
     if gpus:
         kwargs["device_requests"] = _gpu_request(gpu_ids)
         kwargs["environment"] = dict(contract.NCCL_ASYNC_ENV)
+    if emulated:
+        kwargs["environment"] = {**kwargs.get("environment", {}), contract.ENV_SMOKE_EMULATED: emulated}
     t0 = time.monotonic()
     container = engine.start(image, command, extra_labels={contract.LABEL_SMOKE: "selftest"},
                              **kwargs)
@@ -160,13 +165,15 @@ def run_single_node(
 
 
 def run_plan(engine: Engine, image: str, plan: RunPlan, *, require_multi: bool = False,
-             timeout: float = 300.0) -> DDPRun:
-    """The DDP run a :class:`RunPlan` describes: one container, or ``plan.nodes`` on a network."""
+             timeout: float = 300.0, job_extra: Sequence[str] = ()) -> DDPRun:
+    """The DDP run a :class:`RunPlan` describes: one container, or ``plan.nodes`` on a network.
+    ``job_extra`` goes to the DDP job after the defaults (so it wins), e.g. longer timeouts under
+    emulation (see EMULATED_JOB in builder/cli/verbs/test.py)."""
     if plan.nodes == 1:
         return run_single_node(engine, image, nproc=plan.nproc_per_node, gpus=plan.node_gpus is not None,
-                               gpu_ids=plan.gpu_ids, require_multi=require_multi, timeout=timeout)
+                               gpu_ids=plan.gpu_ids, require_multi=require_multi, timeout=timeout, job_extra=job_extra)
     return run_multinode(engine, image, nodes=plan.nodes, nproc_per_node=plan.nproc_per_node,
-                         gpu_ids=plan.node_gpus, require_multi=require_multi, timeout=timeout)
+                         gpu_ids=plan.node_gpus, require_multi=require_multi, timeout=timeout, job_extra=job_extra)
 
 
 def run_multinode(

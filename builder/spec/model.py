@@ -43,6 +43,10 @@ FLAVOUR_PIP: Mapping[str, tuple[str, ...]] = {
 #: on an amd64 host (qemu) and get their architecture appended to the cell name.
 DEFAULT_PLATFORM = "linux/amd64"
 PLATFORMS: Mapping[str, str] = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+#: Docker Hub's per-architecture namespace of the official images (arm64v8/debian:bookworm-slim):
+#: the local name of a base on a platform other than linux/amd64 (one local name holds one
+#: platform, and `debian:bookworm-slim` here is the amd64 one). See builder/build/base_foreign.py.
+ARCH_NAMESPACES: Mapping[str, str] = {"arm64": "arm64v8"}
 #: `cuda: cpu` asks for CPU-only torch.
 CPU = "cpu"
 
@@ -110,6 +114,21 @@ class ImageSpec:
     @property
     def arch(self) -> str:
         return PLATFORMS[self.platform]
+
+    @property
+    def base_ref(self) -> str:
+        """The local image the Dockerfile starts FROM: ``base`` on linux/amd64, else Docker Hub's
+        per-architecture name of it (``arm64v8/debian:bookworm-slim``)."""
+        if self.platform == DEFAULT_PLATFORM:
+            return self.base
+        return f"{ARCH_NAMESPACES[self.arch]}/{self.base}"
+
+    @property
+    def apt_cache_key(self) -> str:
+        """The key of the OS layer's apt cache mounts (ptmg-apt-<key>): the OS codename, plus the
+        architecture off linux/amd64 (an `apt-get update` drops the lists of other architectures,
+        so one cache shared by both would be refilled by every build)."""
+        return self.os if self.platform == DEFAULT_PLATFORM else f"{self.os}-{self.arch}"
 
     @property
     def emulated(self) -> bool:

@@ -40,6 +40,9 @@ class CellTags:
     cell: str
     immutable: tuple[str, ...]
     floating: tuple[str, ...]
+    #: cells with the same group share these tags: the platforms of one registry tag (a manifest
+    #: list, see builder/publish/manifest_list.py). "" = the cell alone.
+    group: str = ""
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -111,21 +114,29 @@ def floating_tags(spec: ImageSpec, cells: Sequence[ImageSpec]) -> tuple[str, ...
 
 
 def cell_tags(spec: ImageSpec, cells: Sequence[ImageSpec], date: dt.date | str, revision: str) -> CellTags:
-    return CellTags(spec.name, immutable_tags(spec, date, revision), floating_tags(spec, cells))
+    return CellTags(spec.name, immutable_tags(spec, date, revision), floating_tags(spec, cells), group=spec.tag)
+
+
+def platform_tag(spec: ImageSpec, revision: str) -> str:
+    """The immutable tag of one platform's image of a multi-platform cell, ``<tag>-<short sha>-<arch>``
+    (a manifest list names its images by digest, but a registry keeps only what a tag holds)."""
+    return _checked(f"{spec.tag}-{sha_part(revision)}-{spec.arch}")
 
 
 def check_unambiguous(plans: Iterable[CellTags]) -> None:
     """Raise TagError when two cells claim one tag, or one tag is both immutable and floating
-    (a template like ``{torch_minor}-cuda{cuda}`` would make the cell tag a minor tag)."""
-    seen: dict[str, tuple[str, str]] = {}
+    (a template like ``{torch_minor}-cuda{cuda}`` would make the cell tag a minor tag). The
+    platforms of one cell (the same ``group``) share their tags."""
+    seen: dict[str, tuple[str, str, str]] = {}
     problems: list[str] = []
     for plan in plans:
         for kind, tags in (("immutable", plan.immutable), ("floating", plan.floating)):
             for tag in tags:
                 prev = seen.get(tag)
-                if prev is not None and prev != (plan.cell, kind):
-                    problems.append(f"tag {tag!r} is {prev[1]} for cell {prev[0]} and {kind} for cell {plan.cell}")
-                seen.setdefault(tag, (plan.cell, kind))
+                owner = plan.group or plan.cell
+                if prev is not None and prev[1:] != (owner, kind):
+                    problems.append(f"tag {tag!r} is {prev[2]} for cell {prev[0]} and {kind} for cell {plan.cell}")
+                seen.setdefault(tag, (plan.cell, owner, kind))
     if problems:
         raise TagError("ambiguous tags; change the tag template in images.yaml:\n  " + "\n  ".join(problems))
 

@@ -416,6 +416,10 @@ class FakeRegistry:
         digest, image_id = self.tags[reference]
         return client.Remote(self.lie.get(reference, digest), image_id, client.MANIFEST_V2, 1234)
 
+    def put_manifest(self, reference: str, media_type: str, body: bytes) -> str | faults.Fault:
+        """Manifest lists: tests/unit/test_manifest_list.py's registry holds them; none here."""
+        return faults.Fault("protocol", f"this fake holds no manifest lists ({reference})", False)
+
 
 def manifest_digest(image_id: str) -> str:
     """The digest of the manifest a registry holds for `image_id` (the body _manifest() makes)."""

@@ -114,8 +114,13 @@ def test_real_images_yaml(tmp_path: Path) -> None:
     p = plans["2.7.0-cuda12.6-cudnn9-runtime"]
     assert p.floating == ("2.7.0-cuda12.6-cudnn9-runtime", "2.7-cuda12.6")
     assert p.immutable == ("2.7.0-cuda12.6-cudnn9-runtime-20261130", "2.7.0-cuda12.6-cudnn9-runtime-4a29724")
-    every = [t for q in plans.values() for t in q.all]
-    assert len(every) == len(set(every))
+    owners: dict[str, set[str]] = {}  # a tag is one cell's; the platforms of a cell (its group) share it
+    for q in plans.values():
+        for t in q.all:
+            owners.setdefault(t, set()).add(q.group or q.cell)
+    assert all(len(o) == 1 for o in owners.values()), owners
+    arm = plans["2.14.1-cuda13.0-cudnn9-runtime-arm64"]
+    assert arm.immutable == plans["2.14.1-cuda13.0-cudnn9-runtime"].immutable and arm.group == arm.floating[0]
 
 
 def test_ambiguous_template_rejected(tmp_path: Path) -> None:

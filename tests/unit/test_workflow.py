@@ -270,7 +270,9 @@ def test_cpu_and_gpu_jobs_build_and_test_each_cell(wf: dict[str, Any]) -> None:
     for job in (build, gpu):
         assert job["env"]["CELL"] == "${{ matrix.name }}"
         assert job["strategy"]["fail-fast"] is False
-    assert build["runs-on"] == "ubuntu-latest"
+    # GitHub-hosted: ubuntu-latest, and for linux/arm64 cells (#14) its arm64 runner
+    assert build["runs-on"] == "${{ matrix.platform == 'linux/arm64' && 'ubuntu-24.04-arm' || 'ubuntu-latest' }}"
+    assert "--platforms all" in _runs(gpu) and "--platforms all" in _runs(wf["jobs"]["publish"])
     runs = _runs(build)
     assert runs.index('build.py build --only "$CELL"') < runs.index('build.py test --only "$CELL"')
     assert {"self-hosted", "gpu", CI_LABEL} <= set(_labels(gpu))

@@ -8,15 +8,17 @@ from __future__ import annotations
 import argparse
 import os
 
-from builder.build import apt_sources, base_image
+from builder.build import apt_sources, base_foreign, base_image
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
+from builder.spec.model import DEFAULT_PLATFORM
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    types.add_platforms(p, "native")
     p.add_argument("--mirror", default=os.environ.get("PTMG_DEBIAN_MIRROR", base_image.DEFAULT_MIRROR),
                    type=types.text, help="Debian mirror for debootstrap (env PTMG_DEBIAN_MIRROR)")
     p.add_argument("--security-mirror", type=types.text,
@@ -30,20 +32,29 @@ def run(ctx: Context) -> int:
     done: dict[str, str] = {}
     failed = False
     for cell in ctx.cells:
-        if cell.base in done:
+        ref = cell.base_ref  # another platform's base has a name of its own (arm64v8/debian:...)
+        if ref in done:
             continue
         if ctx.args.dry_run:
-            done[cell.base] = "present" if engine.image_exists(cell.base) else "would pull or bootstrap"
+            done[ref] = "present" if engine.image_exists(ref) else "would pull or bootstrap"
             continue
         try:
-            if ctx.args.rebootstrap and cell.bootstrap:
+            if cell.platform != DEFAULT_PLATFORM:  # #14: made under emulation (builder/build/base_foreign.py)
+                if ctx.args.rebootstrap and cell.bootstrap:
+                    base_foreign.bootstrap(engine, cell.bootstrap, ref, cell.platform, ctx.args.mirror,
+                                           security_mirror=ctx.args.security_mirror)
+                    done[ref] = "bootstrapped"
+                else:
+                    done[ref] = base_foreign.ensure(engine, cell, ctx.args.mirror,
+                                                    security_mirror=ctx.args.security_mirror).how
+            elif ctx.args.rebootstrap and cell.bootstrap:
                 base_image.bootstrap(engine, cell.bootstrap, cell.base, ctx.args.mirror, ctx.args.security_mirror)
-                done[cell.base] = "bootstrapped"
+                done[ref] = "bootstrapped"
             else:
-                done[cell.base] = base_image.ensure(engine, cell, ctx.args.mirror, ctx.args.security_mirror).how
+                done[ref] = base_image.ensure(engine, cell, ctx.args.mirror, ctx.args.security_mirror).how
         except StepFailed as exc:
             log.error("%s", exc)
-            done[cell.base] = "failed"
+            done[ref] = "failed"
             failed = True
     print(table(["base", "status"], sorted(done.items())))
     return 1 if failed else 0

@@ -16,6 +16,7 @@ from builder.common.log import BuildProgress, human_size, log, table
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    types.add_platforms(p, "native")
     p.add_argument("--force", action="store_true", help="rebuild even when the inputs hash is unchanged")
     p.add_argument("--no-cache", action="store_true", help="do not reuse the engine's layer cache")
     p.add_argument("--jobs", "-j", type=types.count(1, 16), default=os.environ.get("PTMG_JOBS", "1"),

@@ -78,11 +78,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write DIR/<cell>/<file> (needed when several cells are selected); default: stdout")
 
 
-def _pin(ctx: Context, ref: str, no_pin: bool) -> ImagePin:
+def _pin(ctx: Context, ref: str, no_pin: bool, local: str | None = None) -> ImagePin:
+    """``ref`` pinned by the digest the local image ``local`` (default ``ref``) has in a registry."""
     if no_pin:
         return ImagePin(ref=ref, tag_ref=ref)
     try:
-        attrs = ctx.engine().image_attrs(ref)
+        attrs = ctx.engine().image_attrs(local or ref)
     except StepFailed as exc:  # no engine here: still render, by tag
         log.warning("can't ask the Docker engine for %s's digest (%s); naming the tag", ref, exc)
         return ImagePin(ref=ref, tag_ref=ref)
@@ -102,15 +103,16 @@ def run(ctx: Context) -> int:
         raise InputError(f"--command {a.command!r}: {exc}; give shell words, e.g. 'train.py --epochs 3'") from None
     written: list[dict[str, Any]] = []
     for cell in ctx.cells:
-        ref = a.image or cell.ref
+        # Another platform's cell is <tag>-<arch> here, but its registry tag is the cell's tag (both platforms).
+        ref = a.image or (f"{cell.repository}:{cell.tag}" if cell.emulated else cell.ref)
         cfg = LaunchConfig(
-            cell=cell.name, image=_pin(ctx, ref, a.no_pin or a.dry_run), nodes=a.nodes,
+            cell=cell.name, image=_pin(ctx, ref, a.no_pin or a.dry_run, None if a.image else cell.ref), nodes=a.nodes,
             gpus_per_node=a.gpus_per_node, nproc_per_node=nproc, name=a.name, command=command, launcher=a.launcher,
             torch=cell.torch,
             rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
             env=tuple(a.env), mounts=tuple(a.mount), time_limit=a.time, partition=a.partition, account=a.account,
             selftest_init=a.selftest_init, namespace=a.namespace, source=ctx.config_display,
-            rdma_resources=tuple(a.rdma_resource),
+            rdma_resources=tuple(a.rdma_resource), arch=cell.arch,
         ).check()
         text = render(a.target, cfg)
         if not cfg.image.pinned:

@@ -24,6 +24,7 @@ from builder.spec import tags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    types.add_platforms(p, "all", env=None)  # one registry tag carries every platform of a cell
     p.add_argument("--registry", default=os.environ.get("PTMG_REGISTRY", ""), metavar="HOST[:PORT][/NAMESPACE]",
                    type=types.text,
                    help="where to push, e.g. ghcr.io/my-org or 127.0.0.1:5000 (env PTMG_REGISTRY). Plain HTTP "

@@ -13,10 +13,21 @@ from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
+from builder.host import emulation
 from builder.smoke import gpus, passes, results, runner
+from builder.spec import platforms
+
+#: Time caps for a cell of another architecture (qemu-user: `import torch` alone takes 1-3 min on a
+#: busy 2-core host; the DDP job imports it once per rank, in parallel).
+EMULATED_SELFTEST_S = 1800.0
+EMULATED_DDP_S = 1800.0
+#: ... and the DDP job's own limits (after its defaults, so they win): its watchdog's first phase
+#: includes `import torch`, and each rank waits in init_process_group for the slower one's import.
+EMULATED_JOB = ("--timeout", "900", "--phase-timeout", "1200")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    types.add_platforms(p, "native")
     p.add_argument("--nodes", type=types.count(1, 16), default=1,
                    help="DDP across N containers on a private network, 1-16 (default 1); with --require-gpu "
                         "the GPUs are shared evenly between them")
@@ -65,15 +76,31 @@ def run(ctx: Context) -> int:
             failed = True
             continue
         image_id = engine.image_id(cell.ref)
-        log.info("%s: selftest", cell.name)
-        st = runner.run_selftest(engine, cell.ref, gpus=a.require_gpu, gpu_ids=plan.gpu_ids,
-                                 require_multi_gpu=require_multi,
-                                 args=["--nproc", str(a.nproc)] if a.nproc is not None else [])
+        emulated, cell_plan, use_gpus = "", plan, bool(a.require_gpu)
+        if cell.emulated:  # another architecture: qemu-user runs it, on the CPU only
+            emu = emulation.probe(cell.platform)
+            if not emu.ok:
+                log.error("%s: %s runs under emulation here, and %s\n  fix: %s", cell.name, cell.platform,
+                          emu.describe(), emulation.FIX)
+                rows.append([cell.name, "FAIL (no emulation)", "-", "-", "-", "-"])
+                failed = True
+                continue
+            emulated = f"{cell.platform} on {platforms.host_platform()}, qemu {emu.version or 'native'}"
+            if use_gpus:
+                log.warning("%s: runs under emulation (%s): no GPU in it, so its GPU checks are skipped and its "
+                            "DDP job runs on CPU ranks (gloo)", cell.name, emulated)
+                cell_plan, use_gpus = gpus.plan_run(None, a.nodes, a.nproc), False
+        log.info("%s: selftest%s", cell.name, f" under emulation ({emulated})" if emulated else "")
+        st = runner.run_selftest(engine, cell.ref, gpus=use_gpus, gpu_ids=cell_plan.gpu_ids,
+                                 require_multi_gpu=require_multi and use_gpus,
+                                 args=["--nproc", str(a.nproc)] if a.nproc is not None else [],
+                                 timeout=EMULATED_SELFTEST_S if emulated else 900.0, emulated=emulated)
         if st.junit_xml:
             (junit_dir / f"{cell.name}.xml").write_text(st.junit_xml, encoding="utf-8")
         log.info("%s", st.summary())
-        log.info("%s: DDP, %s", cell.name, plan.describe())
-        ddp = runner.run_plan(engine, cell.ref, plan, require_multi=require_multi)
+        log.info("%s: DDP, %s", cell.name, cell_plan.describe())
+        ddp = runner.run_plan(engine, cell.ref, cell_plan, require_multi=require_multi and use_gpus,
+                              timeout=EMULATED_DDP_S if emulated else 300.0, job_extra=EMULATED_JOB if emulated else ())
         log.info("%s", ddp.summary())
         if ddp.result is not None and ddp.result.busbw:
             log.info("%s: all-reduce bus bandwidth\n%s", cell.name, results.busbw_markdown(ddp.result))
@@ -87,10 +114,11 @@ def run(ctx: Context) -> int:
         status = "FAIL" if not ok else "PASS" if ddp.passed else f"PASS, DDP {ddp.verdict}"
         rows.append([cell.name, status, str(c.passed), str(c.failed + c.errors), str(c.skipped),
                      f"{ddp.verdict}: world {ddp.world_size}, {backend}, {ddp.wall_s:.1f}s"])
-        report.append({"cell": cell.name, "image_id": image_id, "ok": ok, "selftest": c.__dict__,
+        report.append({"cell": cell.name, "image_id": image_id, "ok": ok, "platform": cell.platform,
+                       "emulated": emulated, "selftest_s": round(st.wall_s, 1), "selftest": c.__dict__,
                        "selftest_failures": list(st.failures), "junit": str(junit_dir / f"{cell.name}.xml"),
-                       "plan": {"nodes": plan.nodes, "nproc_per_node": plan.nproc_per_node,
-                                "backend": plan.backend, "gpus": plan.node_gpus, "note": plan.note},
+                       "plan": {"nodes": cell_plan.nodes, "nproc_per_node": cell_plan.nproc_per_node,
+                                "backend": cell_plan.backend, "gpus": cell_plan.node_gpus, "note": cell_plan.note},
                        "ddp": {"ok": ddp.ok, "verdict": ddp.verdict, "problems": list(ddp.problems),
                                "wall_s": round(ddp.wall_s, 1), "world_size": ddp.world_size,
                                "result": ddp.result.__dict__ if ddp.result else None,
