@@ -77,15 +77,15 @@ def run(ctx: Context) -> int:
             continue
         image_id = engine.image_id(cell.ref)
         emulated, cell_plan, use_gpus = "", plan, bool(a.require_gpu)
-        if cell.emulated:  # another architecture: qemu-user runs it, on the CPU only
-            emu = emulation.probe(cell.platform)
+        emu = emulation.probe(cell.platform) if cell.emulated else None  # native on an arm64 host
+        if emu is not None and not emu.native:  # another architecture: qemu-user runs it, on the CPU only
             if not emu.ok:
                 log.error("%s: %s runs under emulation here, and %s\n  fix: %s", cell.name, cell.platform,
                           emu.describe(), emulation.FIX)
                 rows.append([cell.name, "FAIL (no emulation)", "-", "-", "-", "-"])
                 failed = True
                 continue
-            emulated = f"{cell.platform} on {platforms.host_platform()}, qemu {emu.version or 'native'}"
+            emulated = f"{cell.platform} on {platforms.host_platform()}, qemu {emu.version}"
             if use_gpus:
                 log.warning("%s: runs under emulation (%s): no GPU in it, so its GPU checks are skipped and its "
                             "DDP job runs on CPU ranks (gloo)", cell.name, emulated)
