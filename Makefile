@@ -65,6 +65,7 @@ lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered D
 	$(BIN)/ruff check .
 	MYPY=$(BIN)/mypy scripts/typecheck.sh
 	$(PY) build.py render --check
+	$(PY) build.py lock --check
 	$(BIN)/hadolint --config .hadolint.yaml docker/*/Dockerfile
 
 test-unit: $(VENV)/.installed ## unit tests only (no Docker; seconds)

@@ -1,16 +1,16 @@
 """The sections `build.py audit` can run, by name, in report order. A new audit (e.g. the venv's
-packages against OSV: ``python``) adds its :class:`~builder.audit.report.SectionSpec` here."""
+packages against OSV: ``python``, #13) adds its :class:`~builder.audit.report.SectionSpec` here."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from builder.audit import debian
+from builder.audit import debian, python
 from builder.audit.report import ImageAudit, SectionSpec, Target
 from builder.common.log import log
 from builder.engine import Engine
 
-SECTIONS: Mapping[str, SectionSpec] = {debian.SPEC.name: debian.SPEC}
+SECTIONS: Mapping[str, SectionSpec] = {debian.SPEC.name: debian.SPEC, python.SPEC.name: python.SPEC}
 
 
 def run(engine: Engine, targets: Sequence[Target], names: Sequence[str]) -> list[ImageAudit]:

@@ -32,20 +32,27 @@ def context_files(root: Path) -> list[Path]:
     return files
 
 
-def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path, os_snapshot: str = "") -> str:
+def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path, os_snapshot: str = "",
+                lock: str = "") -> str:
     """sha256 of everything that decides the image: Dockerfile, copied files (path, mode, bytes), base,
-    and the OS snapshot key (the Debian archive's state the OS layer upgrades from)."""
+    the OS snapshot key (the Debian archive's state the OS layer upgrades from) and the cell's lock
+    (#13: the lock file's digest and the uv that installs from it; the staged wheels are that lock's)."""
     h = hashlib.sha256()
     h.update(b"dockerfile\0" + dockerfile.encode() + b"\0base\0" + base_id.encode() + b"\0")
     if os_snapshot:
         h.update(b"os-snapshot\0" + os_snapshot.encode() + b"\0")
+    if lock:
+        h.update(b"lock\0" + lock.encode() + b"\0")
     _hash_files(h, files, root)
     return "sha256:" + h.hexdigest()
 
 
-def recipe_hash(dockerfile: str, files: Sequence[Path], root: Path) -> str:
-    """sha256 of the recipe alone: the Dockerfile and the copied files, not the base or the archive."""
+def recipe_hash(dockerfile: str, files: Sequence[Path], root: Path, lock: str = "") -> str:
+    """sha256 of the recipe alone: the Dockerfile, the copied files and the lock's digest, not the base
+    or the archive."""
     h = hashlib.sha256(b"recipe\0dockerfile\0" + dockerfile.encode() + b"\0")
+    if lock:
+        h.update(b"lock\0" + lock.encode() + b"\0")
     _hash_files(h, files, root)
     return "sha256:" + h.hexdigest()
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ptmg_contract as contract
-from builder.build import base_foreign, base_image
+from builder.build import base_foreign, base_image, supply
 from builder.build.buildenv import BuildEnv, secret_files
 from builder.build.inputs import context_files, git_revision, inputs_hash, recipe_hash
 from builder.build.os_snapshot import Snapshot, Snapshots
 from builder.build.probe import check_probe, labels_for, probe
+from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
 from builder.host import emulation
@@ -50,6 +51,9 @@ class BuildConfig:
     source: str = "images.yaml"
     #: The Debian archive's state per release (#16); None: read from the mirrors (and PTMG_OS_SNAPSHOT).
     os_snapshots: Snapshots | None = None
+    #: (#13) Where locks/ is (None: root); the host's wheel store (None: PTMG_WHEEL_STORE or the default).
+    lock_root: Path | None = None
+    wheel_store: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ class _Builder:
         self.snapshots = cfg.os_snapshots or Snapshots(cfg.mirror, environ=os.environ)
         self._os: dict[str, Snapshot] = {}  # cell -> the snapshot its OS layer is keyed on
         self._sources_ok: set[str] = set()  # base image ids whose apt sources passed the check
+        self.slots = supply.Slots(cfg.root, cfg.jobs)  # (#13) one build context folder per parallel build
+        self.net = supply.net_config(cfg.build_env)
 
     def cli(self) -> BuildkitCli | None:
         with self._lock:
@@ -100,9 +106,10 @@ class _Builder:
                     base_image.ensure(self.engine, spec, self.cfg.mirror)
             return self.engine.image_id(spec.base_ref)
 
-    def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool) -> BuildOutcome:
+    def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool,
+                   context: Path) -> BuildOutcome:
         with secret_files(self.cfg.build_env) as secrets:
-            req = BuildRequest(self.cfg.root, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
+            req = BuildRequest(context, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
                                secrets, log_path, no_cache,
                                platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform)
             snap = self._os.get(spec.name)
@@ -131,7 +138,7 @@ class _Builder:
         log_path = self.cfg.log_dir / f"{spec.name}.log"
         try:
             result = self._build(spec, log_path, start)
-        except (EngineError, base_image.BaseError) as exc:
+        except (EngineError, base_image.BaseError, StepFailed, InputError) as exc:
             result = CellResult(spec.name, "failed", time.monotonic() - start, message=str(exc), log_path=log_path)
         if result.status == "failed" and not self.cfg.keep_going:
             self.stop.set()
@@ -149,11 +156,12 @@ class _Builder:
             # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
             log.info("%s: rendered %s", spec.name, dockerfile)
         files = context_files(self.cfg.root)
+        lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # (#13) agrees with images.yaml
         existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
         snap = self.snapshots.for_base(spec.base, spec.os, spec.arch,
                                        (existing or {}).get(contract.LABEL_OS_SNAPSHOT), spec.ref)
         self._os[spec.name] = snap
-        digest = inputs_hash(text, files, self.base_id(spec), self.cfg.root, snap.key)
+        digest = inputs_hash(text, files, self.base_id(spec), self.cfg.root, snap.key, lock.inputs)
         if not self.cfg.force and existing is not None and existing.get(contract.LABEL_INPUTS_HASH) == digest:
             if spec.latest:
                 self.engine.tag(spec.ref, f"{spec.repository}:latest")
@@ -161,14 +169,19 @@ class _Builder:
                               self.engine.image_id(spec.ref), "unchanged (inputs hash matches)")
         if self.cfg.dry_run:
             return CellResult(spec.name, "would-build", message=f"inputs {digest[:19]} differ from {spec.ref}")
+        if self.cli() is None:
+            return CellResult(spec.name, "failed", message=supply.CLASSIC_REFUSAL)
         self._check_sources(spec.base_ref, spec.os)
-        outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache)
-        if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
-            # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
-            # cached layers from the old base were reused. Never ship that; rebuild uncached.
-            log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
-                        spec.name, spec.base_ref)
-            outcome = self._run_build(spec, dockerfile, log_path, no_cache=True)
+        with self.slots.slot() as context:  # (#13) verified wheels + copied files, this build's alone
+            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
+                           self.cfg.wheel_store)
+            outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, context)
+            if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
+                # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
+                # cached layers from the old base were reused. Never ship that; rebuild uncached.
+                log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
+                            spec.name, spec.base_ref)
+                outcome = self._run_build(spec, dockerfile, log_path, True, context)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,
                               message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
@@ -179,7 +192,7 @@ class _Builder:
                               message="the built image does not match images.yaml:\n  " + "\n  ".join(mismatches),
                               log_path=log_path)
         labels = labels_for(spec, probed, digest, outcome.builder, git_revision(self.cfg.root), render.PROJECT_URL,
-                            recipe=recipe_hash(text, files, self.cfg.root))
+                            recipe=recipe_hash(text, files, self.cfg.root, lock.digest))
         image_id = self.engine.relabel(outcome.image_id, labels, spec.ref)
         if spec.latest:
             self.engine.tag(image_id, f"{spec.repository}:latest")

@@ -94,6 +94,11 @@ class Engine:
     def image_size(self, ref: str) -> int:
         return int(self._attrs(ref).get("Size", 0))
 
+    @_translated
+    def image_history(self, ref: str) -> list[dict[str, Any]]:
+        """`docker history` of ``ref``, oldest layer first: Id, Created, CreatedBy, Size (bytes), Tags (#13)."""
+        return [dict(h) for h in reversed(self.client.api.history(ref))]
+
     def host_arch(self) -> str:
         """The engine's architecture in image terms (amd64, arm64), asked once."""
         if self._host_arch is None:

@@ -112,11 +112,21 @@ def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
     return tuple(sorted(reqs))
 
 
-def index_args(spec: ImageSpec) -> tuple[str, ...]:
-    """PyPI-default wheels need no flags; other CUDA variants come from a PyTorch index."""
-    if spec.wheel_source == "pypi":
-        return ()
-    return ("--index-url", spec.wheel_source, "--extra-index-url", "https://pypi.org/simple")
+#: (#13) What `build.py build` stages in the build context (builder/lock/staging.py), the same paths for
+#: every cell: the static uv, one folder of locked wheels and one install lock per installing layer,
+#: the SBOM's input. The venv RUNs install from these only.
+WHEELHOUSE = "wheelhouse"
+INSTALL_LAYERS = ("torch", "tools", "devel")
+#: Any fixed value: with it, the .pyc files uv compiles are hash-checked (not timestamped), so two
+#: builds from one lock give byte-identical files (1980-01-01, the zip epoch).
+SOURCE_DATE_EPOCH = "315532800"
+
+
+def stage_paths() -> dict[str, object]:
+    """The staged context paths the templates bind-mount (see WHEELHOUSE)."""
+    return {"uv": f"{WHEELHOUSE}/uv", "sbom_input": f"{WHEELHOUSE}/sbom-input.json",
+            "wheels": {layer: f"{WHEELHOUSE}/{layer}" for layer in INSTALL_LAYERS},
+            "requirements": {layer: f"{WHEELHOUSE}/{layer}.txt" for layer in INSTALL_LAYERS}}
 
 
 def image_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
@@ -151,6 +161,7 @@ def static_labels(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
         "org.opencontainers.image.base.name": spec.base,
         contract.LABEL_CELL: spec.name,
         contract.LABEL_FLAVOUR: spec.flavour,
+        contract.LABEL_SBOM: contract.SBOM_FILE,
     }
     return tuple(sorted(labels.items()))
 
@@ -168,9 +179,8 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         devel_reqs=devel_requirements(spec),
         devel_env=devel_env(spec),
         slim_args=slim_args(spec),
-        core=core_requirements(spec),
-        index_args=index_args(spec),
-        tools_and_core=tuple(sorted(set(spec.tools) | set(spec.pip) | set(core_requirements(spec)))),
+        stage=stage_paths(),
+        source_date_epoch=SOURCE_DATE_EPOCH,
         extra_pip=bool(spec.pip),
         env=image_env(spec),
         labels=static_labels(spec),

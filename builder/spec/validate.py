@@ -311,7 +311,8 @@ def parse(doc: Located, compat: Compat) -> Matrix:
                     "use lowercase letters, digits, '.', '_', '-' and '/', e.g. pt-multi-gpu")
         repository = "invalid"
     template = _check_template(checker, top.get("tag", "{torch}-cuda{cuda}-cudnn{cudnn}-{flavour}"))
-    audit = check_audit(lambda path, message, key: checker.err(path, message, key=key), top.get("audit"))
+    audit = check_audit(lambda path, message, key: checker.err(path, message, key=key), top.get("audit"),
+                        locate=lambda path: str(checker.doc.at(path)))
 
     raw_cells = expand(checker, top)
     if not raw_cells and not checker.problems:

@@ -165,7 +165,9 @@ def standins(tmp_path: Path, docker_client: docker.DockerClient,
     config.write_text((ROOT / "images.yaml").read_text().replace("\nrepository: pt-multi-gpu\n",
                                                                   f"\nrepository: {repo}\n"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PTMG_REGISTRY")}
-    env |= {"PTMG_STATE_DIR": str(tmp_path / "state"), "DOCKER_CONFIG": str(tmp_path / "docker-config")}
+    env |= {"PTMG_STATE_DIR": str(tmp_path / "state"), "DOCKER_CONFIG": str(tmp_path / "docker-config"),
+            # (#13) publish's vulnerability gate: the tests' offline OSV snapshot (no live source here)
+            "PTMG_OSV_DIR": str(ROOT / "tests" / "fixtures" / "osv")}
     try:
         for spec in (AMD, ARM):
             _standin(tmp_path / spec.arch, spec, repo, session_labels)

@@ -78,6 +78,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     state = tmp_path / "state"
     monkeypatch.setenv("PTMG_STATE_DIR", str(state))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    # (#13) publish's vulnerability gate reads the tests' offline OSV snapshot (no live source here)
+    monkeypatch.setenv("PTMG_OSV_DIR", str(ROOT / "tests" / "fixtures" / "osv"))
     for var in ("PTMG_REGISTRY", "PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD", "PTMG_REGISTRY_PASSWORD_FILE",
                 "PTMG_CONFIG", "PTMG_PUSH_ATTEMPTS"):
         monkeypatch.delenv(var, raising=False)

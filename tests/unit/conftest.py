@@ -2,7 +2,8 @@
 
 A session-wide guard points DOCKER_HOST at a socket that does not exist, so a unit test that
 reaches a real engine (directly, or through a `build.py` subprocess) fails here, as it would on
-a machine without Docker, instead of passing only where dockerd happens to run."""
+a machine without Docker, instead of passing only where dockerd happens to run. Python advisories
+(the vulnerability audit, #13) come from tests/fixtures/osv, an offline OSV snapshot."""
 
 from __future__ import annotations
 
@@ -10,13 +11,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import NO_ENGINE
+from tests.support import NO_ENGINE, ROOT
 
 
 @pytest.fixture(autouse=True, scope="session")
 def no_docker_engine() -> Iterator[None]:
     patch = pytest.MonkeyPatch()
     patch.setenv("DOCKER_HOST", NO_ENGINE)
+    # (#13) Python advisories from the small OSV snapshot of the tests, never from the network.
+    patch.setenv("PTMG_OSV_DIR", str(ROOT / "tests" / "fixtures" / "osv"))
     try:
         yield
     finally:

@@ -20,6 +20,7 @@ from builder.engine.model import RunResult
 from builder.spec import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 
+from .supply_stub import stub_supply
 from .test_debsec_snapshot import Mirror, release
 
 BASE_ID = "sha256:" + "b" * 64
@@ -94,7 +95,7 @@ def build(engine: FakeEngine, spec: ImageSpec, tmp_path: Path, mirror: Mirror, e
 
 @pytest.fixture(autouse=True)
 def no_buildkit_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(orchestrate, "find_buildkit_cli", lambda: None)
+    stub_supply(monkeypatch)  # (#13) a fake BuildKit CLI; no lock read, no wheel store filled
 
 
 def test_snapshot_keys_the_os_layer_and_labels_the_image(spec: ImageSpec, tmp_path: Path) -> None:

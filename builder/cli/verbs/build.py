@@ -49,7 +49,7 @@ def run(ctx: Context) -> int:
         log.info("carrying into the build (as a secret): %s", item)
     cfg = BuildConfig(root=ctx.root, docker_dir=ctx.docker_dir, log_dir=Path(a.log_dir), force=a.force,
                       no_cache=a.no_cache, jobs=a.jobs, keep_going=a.keep_going, build_env=env, mirror=a.mirror,
-                      dry_run=a.dry_run, source=ctx.source)
+                      dry_run=a.dry_run, source=ctx.source, lock_root=ctx.docker_dir.parent)
     with BuildProgress([c.name for c in ctx.cells]) as progress:
         results = build_all(ctx.engine(), ctx.cells, cfg, progress.line)
     for r in results:

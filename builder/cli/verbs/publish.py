@@ -8,10 +8,13 @@ import functools
 import os
 from pathlib import Path
 
+from builder.audit import python
+from builder.audit.report import SectionResult
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.log import human_size, log, table
+from builder.common.paths import project_root
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
@@ -19,6 +22,7 @@ from builder.publish.faults import RetryPolicy
 from builder.publish.gates import freshness_gates
 from builder.publish.publisher import PublishConfig, Publisher
 from builder.publish.report import Report, report_json, short_digest, write_report
+from builder.publish.vulns import annotate, combine, python_gate, write_extras
 from builder.smoke import passes
 from builder.spec import tags
 
@@ -39,6 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-stale-os", action="store_true",
                    help="publish even an image with Debian security updates pending for longer than images.yaml's "
                         "audit.debian.max_pending_days (reported)")
+    p.add_argument("--allow-unknown-vulns", action="store_true",
+                   help="publish even when the Python vulnerability audit could not run (no advisory source "
+                        "answered, or nothing to audit); reported loudly. Known vulnerabilities still refuse a "
+                        "cell unless images.yaml's audit.python.allow lists them")
+    p.add_argument("--osv-dir", default=None, metavar="DIR", type=types.text,
+                   help=f"Python advisories from this offline OSV snapshot only (env {python.OSV_DIR_ENV}); default: "
+                        "OSV's API, then PyPI's JSON API")
     p.add_argument("--publish-unchanged", action="store_true",
                    help="publish new dated tags even for a cell whose floating tag already holds the same recipe "
                         "and packages (by default such a cell is skipped: an unchanged week publishes nothing)")
@@ -75,10 +86,19 @@ def run(ctx: Context) -> int:
     cfg = PublishConfig(registry, allow_untested=a.allow_untested, dry_run=a.dry_run,
                         retry=RetryPolicy(attempts=a.attempts))
     gates = freshness_gates(ctx.engine(), client, ctx.matrix, a.allow_stale_os, a.publish_unchanged)
+    # (#13) known vulnerabilities in the Python distributions refuse a cell, like a stale OS
+    vuln_settings = python.Settings(ctx.docker_dir.parent, ctx.matrix.audit.python, python.sources_from(a.osv_dir))
+    audited: dict[str, SectionResult] = {}
+    if a.allow_unknown_vulns:
+        log.warning("WARNING: --allow-unknown-vulns: cells are published even where the Python vulnerability "
+                    "audit could not run")
+    vuln_gate = python_gate(ctx.engine(), vuln_settings, [ctx.docker_dir.parent, project_root()],
+                            a.allow_unknown_vulns, audited)
     publisher = Publisher(ctx.engine(), client, cfg, repository=ctx.matrix.repository, creds=creds,
                           smoke=functools.partial(passes.smoke_pass, ctx.root), unchanged=gates.unchanged,
-                          os_gate=gates.os_gate)
+                          os_gate=combine(gates.os_gate, vuln_gate))
     report = publisher.run(ctx.matrix, ctx.cells)
+    annotate(report, audited, vuln_settings)
     secrets = publisher.secrets
     if a.json:
         print(report_json(report, secrets), end="")
@@ -87,6 +107,8 @@ def run(ctx: Context) -> int:
             _print_dry_run(report)
         return 0 if report.ok else 1
     jpath, mpath = write_report(report, Path(a.report_dir), secrets)
+    for extra in write_extras(ctx.engine(), Path(a.report_dir), ctx.cells, audited, report):
+        log.info("beside the report: %s", extra)
     if not a.json:
         _print_summary(report)
     log.info("report: %s, %s", jpath, mpath)

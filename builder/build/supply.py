@@ -1,0 +1,105 @@
+"""The build's side of #13: check a cell's lock, fill the wheel store, stage the build context.
+
+For one cell, in order (orchestrate.py calls these):
+
+1. :func:`lock_state` (offline, milliseconds; before the skip-unchanged check): the lock must exist
+   and agree with images.yaml (else the cell fails with the difference and `build.py lock`);
+   its digest and the build-host uv wheel's sha256 go into the inputs hash.
+2. :func:`prepare` (only when the cell is built): verify or download the lock's wheels and uv
+   into the host's wheel store (the host's index, proxy and CA settings: the build's own), then
+   stage them with the copied files into the slot's context folder.
+
+The classic builder cannot bind-mount the staged wheels into a RUN; such builds are refused
+(:data:`CLASSIC_REFUSAL`) rather than installing from anywhere else.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.build.buildenv import BuildEnv, bundle, public_roots
+from builder.common.errors import InputError
+from builder.common.log import log
+from builder.lock import check, model, staging, uvbin
+from builder.lock.model import CellLock
+from builder.lock.net import NetConfig
+from builder.lock.store import Store, default_store
+from builder.spec import ImageSpec
+
+CLASSIC_REFUSAL = ("the classic builder cannot bind-mount the locked, hash-checked wheels into the installing "
+                   "RUNs, and this project installs from nothing else; build with BuildKit: Docker's `docker` "
+                   "CLI < 23 with DOCKER_BUILDKIT=1 (Debian's docker.io) or any CLI with the buildx plugin")
+
+
+def net_config(build_env: BuildEnv) -> NetConfig:
+    """The host network settings a build carries (index, proxies, CAs), for the host-side fetch too."""
+    return NetConfig(dict(build_env.env), bundle(build_env, public_roots()) if build_env.has_ca else b"")
+
+
+@dataclass(frozen=True)
+class LockState:
+    lock: CellLock
+    path: Path
+    digest: str  # sha256 of the lock file's text
+    uv_sha256: str  # the build host's uv wheel
+
+    @property
+    def inputs(self) -> str:
+        """What the inputs hash adds for the lock: the lock file and the uv that installs from it."""
+        return f"{self.digest} uv:{self.uv_sha256}"
+
+
+def lock_state(spec: ImageSpec, lock_root: Path) -> LockState:
+    """The cell's lock, checked against images.yaml; InputError names the difference and the fix."""
+    lock, problems = check.check_cell(spec, lock_root)
+    if problems or lock is None:
+        raise InputError(*problems, f"the lock of {spec.name} does not match images.yaml; fix: run "
+                         f"`build.py lock --only {spec.name}` and commit locks/")
+    path = model.lock_path(lock_root, spec.name)
+    text = path.read_text(encoding="utf-8")
+    return LockState(lock, path, model.digest(text), uvbin.host_wheel(lock_root).sha256)
+
+
+class Slots:
+    """One context folder per parallel build: ``.build/context-<n>``, n < jobs. Two cells never share one."""
+
+    def __init__(self, root: Path, jobs: int) -> None:
+        self.root = root
+        self._free: queue.Queue[int] = queue.Queue()
+        for n in range(max(1, jobs)):
+            self._free.put(n)
+
+    @contextmanager
+    def slot(self) -> Iterator[Path]:
+        n = self._free.get()
+        try:
+            yield staging.context_dir(self.root, n)
+        finally:
+            self._free.put(n)
+
+
+def facts(spec: ImageSpec) -> dict[str, str]:
+    """The cell's own components for the SBOM (what its labels say: the probe checks them after the build)."""
+    return {"cell": spec.name, "repository": spec.repository, "tag": spec.tag, "torch": spec.torch,
+            "torchvision": spec.torchvision, "cuda": spec.cuda, "cudnn": spec.cudnn, "nccl": spec.nccl or "",
+            "python": spec.python, "platform": spec.platform, "flavour": spec.flavour, "base": spec.base}
+
+
+def prepare(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: Path, files: Sequence[Path],
+            net: NetConfig, store_path: Path | None = None) -> None:
+    """Fill the store with the cell's wheels and the host's uv (verified), then stage the context ``ctx``."""
+    store = Store(store_path or default_store(), net)
+    uv_wheel = uvbin.host_wheel(lock_root)
+    wheels = [p.wheel for p in state.lock.packages]
+    stats = store.ensure([*wheels, uv_wheel])
+    if stats.downloaded:
+        log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s, %d already in %s", spec.name, stats.downloaded,
+                 stats.bytes_downloaded / 1e9, stats.seconds, stats.present, store.path)
+    staging.stage(ctx, root, files, state.lock, {w.filename: store.file(w) for w in wheels},
+                  uvbin.binary(store.file(uv_wheel)),
+                  staging.sbom_input(state.lock, facts(spec), state.path.relative_to(lock_root).as_posix(),
+                                     state.digest))

@@ -1,0 +1,216 @@
+"""#13 the host side of a build: the wheel store (download, verify, refuse a changed file), the
+host's index settings (a mirror with credentials that never show), and the staged build context."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import os
+import threading
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from builder.build import supply
+from builder.common.errors import StepFailed
+from builder.lock import model, staging, store, uvbin
+from builder.lock.model import CellLock, Package, Wheel
+from builder.lock.net import NetConfig
+from builder.lock.store import HashMismatch, Store
+from builder.lock.target import Target
+
+SIX = b"six wheel bytes " * 100
+SIX_NAME = "six-1.17.0-py2.py3-none-any.whl"
+
+
+class Files(http.server.BaseHTTPRequestHandler):
+    """Serves /files/<name> and a PEP 503 index at /simple/<project>/ (links to the files); records
+    the Authorization header it saw."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+    auth_seen: ClassVar[list[str]] = []
+
+    def do_GET(self) -> None:
+        self.auth_seen.append(self.headers.get("Authorization", ""))
+        path = self.path
+        if path.startswith("/files/") and path[7:] in self.files:
+            body, kind = self.files[path[7:]], "application/octet-stream"
+        elif path.startswith("/simple/"):
+            project = path.split("/")[2]
+            links = "".join(f'<a href="/files/{n}#sha256=x">{n}</a>' for n in self.files if n.startswith(project))
+            body, kind = f"<html><body>{links}</body></html>".encode(), "text/html"
+        else:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    Files.files = {SIX_NAME: SIX}
+    Files.auth_seen = []
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+
+
+def six(base: str, data: bytes = SIX) -> Wheel:
+    return Wheel(SIX_NAME, f"{base}/files/{SIX_NAME}", len(data), hashlib.sha256(data).hexdigest())
+
+
+def test_download_verifies_and_stores_read_only(server: str, tmp_path: Path) -> None:
+    s = Store(tmp_path / "store")
+    stats = s.ensure([six(server)])
+    assert (stats.downloaded, stats.present) == (1, 0)
+    f = s.file(six(server))
+    assert f.read_bytes() == SIX and oct(f.stat().st_mode & 0o777) == "0o444"
+    assert not list((tmp_path / "store").glob(".tmp-*"))
+    again = s.ensure([six(server)])  # once per machine: the second time is a stat
+    assert (again.downloaded, again.present) == (0, 1)
+
+
+def test_an_unchanged_store_is_not_hashed_again(server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Store(tmp_path / "store")
+    s.ensure([six(server)])
+    calls: list[Path] = []
+
+    def counting(p: Path) -> str:
+        calls.append(p)
+        return "0" * 64
+
+    monkeypatch.setattr(store, "sha256_file", counting)
+    s.ensure([six(server)])
+    assert calls == []  # size, mtime and inode as verified: no 3 GB re-hash on every build
+
+
+def test_a_planted_wrong_wheel_in_the_store_stops_the_build(server: str, tmp_path: Path) -> None:
+    s = Store(tmp_path / "store")
+    s.ensure([six(server)])
+    f = s.file(six(server))
+    f.chmod(0o644)
+    f.write_bytes(b"print('pwned')".ljust(len(SIX)))  # same name, same size
+    with pytest.raises(HashMismatch) as exc:
+        s.ensure([six(server)])
+    text = str(exc.value)
+    assert "hash mismatch in the wheel store" in text and str(f) in text
+    assert f"Expected: sha256:{six(server).sha256}" in text and "Computed: sha256:" in text
+    assert f.read_bytes().startswith(b"print('pwned')")  # never silently replaced
+
+
+def test_a_changed_file_on_the_index_is_refused_and_not_kept(server: str, tmp_path: Path) -> None:
+    locked = six(server, b"the file as it was when locked")
+    s = Store(tmp_path / "store")
+    with pytest.raises(HashMismatch) as exc:
+        s.ensure([locked])
+    assert f"hash mismatch downloading {SIX_NAME} from {server}/files/{SIX_NAME}" in str(exc.value)
+    assert f"Expected: sha256:{locked.sha256}" in str(exc.value)
+    assert not s.file(locked).exists() and not list((tmp_path / "store").glob(".tmp-*"))
+
+
+def test_a_mirror_from_pip_index_url_is_used_with_its_credentials_never_shown(server: str, tmp_path: Path) -> None:
+    host = server.removeprefix("http://")
+    net = NetConfig({"PIP_INDEX_URL": f"http://ci-bot:t0ken@{host}/simple"})
+    wheel = Wheel(SIX_NAME, "https://files.pythonhosted.org.invalid/six.whl", len(SIX), hashlib.sha256(SIX).hexdigest())
+    Store(tmp_path / "store", net).ensure([wheel])  # the lock's own URL does not resolve: the mirror served it
+    assert any(a.startswith("Basic ") for a in Files.auth_seen)
+    Files.files = {}
+    missing = Wheel("idna-3.20-py3-none-any.whl", "http://127.0.0.1:9/idna.whl", 1, "0" * 64)
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store", net).ensure([missing])
+    assert "t0ken" not in str(exc.value) and f"http://{host}/simple/" in str(exc.value)
+
+
+def test_prune_keeps_what_a_lock_names(server: str, tmp_path: Path) -> None:
+    s = Store(tmp_path / "store")
+    s.ensure([six(server)])
+    (tmp_path / "store" / "old-1.0-py3-none-any.whl").write_bytes(b"x" * 10)
+    assert s.prune({SIX_NAME}) == (1, 10)
+    assert s.file(six(server)).exists()
+
+
+def test_default_store_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(store.STORE_ENV, str(tmp_path / "empty"))
+    assert store.default_store() == tmp_path / "empty"
+    monkeypatch.delenv(store.STORE_ENV)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert store.default_store() == tmp_path / "cache" / "pt-multi-gpu" / "wheels"
+
+
+# --- staging ---------------------------------------------------------------------------------------
+def _lock(tmp_path: Path) -> tuple[CellLock, dict[str, Path]]:
+    files = {}
+    pkgs = []
+    for name, layer in (("torch", "torch"), ("jupyterlab", "tools")):
+        fn = f"{name}-1.0-py3-none-any.whl"
+        f = tmp_path / "store" / fn
+        f.parent.mkdir(exist_ok=True)
+        f.write_bytes(name.encode())
+        files[fn] = f
+        pkgs.append(Package(name, "1.0", layer, Wheel(fn, "u", 1, hashlib.sha256(name.encode()).hexdigest())))
+    return CellLock("c", Target("3.11", "x86_64-manylinux_2_36", "i"), {}, tuple(pkgs)), files
+
+
+def test_stage_links_exactly_the_context_and_the_cells_wheels(tmp_path: Path) -> None:
+    root = tmp_path / "project"
+    (root / "entrypoint").mkdir(parents=True)
+    (root / "entrypoint" / "start.sh").write_text("#!/bin/sh\n")
+    (root / "ptmg_contract.py").write_text("X = 1\n")
+    lock, wheels = _lock(tmp_path)
+    ctx = staging.context_dir(root, 0)
+    ctx.mkdir(parents=True)
+    (ctx / "leftover.txt").write_text("from another cell")
+    files = [root / "entrypoint" / "start.sh", root / "ptmg_contract.py"]
+    staging.stage(ctx, root, files, lock, wheels, b"UVBIN", {"cell": "c"})
+    got = sorted(p.relative_to(ctx).as_posix() for p in ctx.rglob("*") if p.is_file())
+    assert got == ["entrypoint/start.sh", "ptmg_contract.py", "wheelhouse/devel.txt", "wheelhouse/sbom-input.json",
+                   "wheelhouse/tools.txt", "wheelhouse/tools/jupyterlab-1.0-py3-none-any.whl",
+                   "wheelhouse/torch.txt", "wheelhouse/torch/torch-1.0-py3-none-any.whl", "wheelhouse/uv"]
+    assert (ctx / "wheelhouse/torch/torch-1.0-py3-none-any.whl").stat().st_ino == wheels[
+        "torch-1.0-py3-none-any.whl"].stat().st_ino  # a hard link into the store, no copy
+    assert (ctx / "wheelhouse/torch.txt").read_text() == \
+        f"torch==1.0 \\\n    --hash=sha256:{hashlib.sha256(b'torch').hexdigest()}\n"
+    assert os.access(ctx / "wheelhouse/uv", os.X_OK)
+    before = {p: p.stat().st_mtime_ns for p in ctx.rglob("*") if p.is_file()}
+    staging.stage(ctx, root, files, lock, wheels, b"UVBIN", {"cell": "c"})  # again: nothing rewritten
+    assert before == {p: p.stat().st_mtime_ns for p in ctx.rglob("*") if p.is_file()}
+
+
+def test_parallel_builds_never_share_a_context(tmp_path: Path) -> None:
+    slots = supply.Slots(tmp_path, jobs=2)
+    with slots.slot() as a, slots.slot() as b:
+        assert a != b and {a.name, b.name} == {"context-0", "context-1"}
+    with slots.slot() as c:
+        assert c.name in ("context-0", "context-1")
+
+
+def test_uv_binary_comes_out_of_its_wheel(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("uv-0.13.9.data/scripts/uv", b"\x7fELF static")
+        zf.writestr("uv/__init__.py", b"")
+    (tmp_path / "uv.whl").write_bytes(buf.getvalue())
+    assert uvbin.binary(tmp_path / "uv.whl") == b"\x7fELF static"
+
+
+def test_the_committed_uv_lock_has_both_build_host_machines() -> None:
+    from tests.support import ROOT
+
+    version, wheels = uvbin.read(ROOT)
+    assert version == uvbin.UV_VERSION and set(wheels) == {"x86_64", "aarch64"}
+    assert all("musllinux" in w.filename and len(w.sha256) == 64 for w in wheels.values())
+    assert model.LOCK_DIR == "locks"
