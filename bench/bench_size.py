@@ -33,13 +33,15 @@ from builder.spec import ImageSpec, load_matrix  # noqa: E402
 DOCKER = "/usr/bin/docker"
 MIB = 1 << 20
 LAYER_KINDS = (  # (what the layer is, a marker of the instruction that made it), first match wins
+    ("devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
     ("OS packages (+ g++, python3-dev, rdma-core)", "apt-get install"),
     ("user", "useradd"),
     ("torch + torchvision (+ CUDA wheels)", "python3 -m venv"),
-    ("tools (JupyterLab, TensorBoard, pytest)", "jupyterlab=="),
-    ("devel: CUDA toolkit wheels, ninja", "cuda-toolkit["),
-    ("devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
+    ("tools (JupyterLab, TensorBoard, pytest)", "pip check"),
+    ("devel: CUDA toolkit wheels, ninja", "pip install"),
+    ("SBOM", "sbom.py"),
     ("our files (entrypoint/, smoke_tests/, contract)", "COPY "),
+    ("our files (entrypoint/, smoke_tests/, contract)", "build_canary"),
 )
 
 #: Run in the image: the files of every package outside the base packages' dependency closure.
@@ -106,7 +108,7 @@ def layers(ref: str) -> list[tuple[str, int]]:
         size, _, made_by = line.partition("\t")
         if int(size) == 0:
             continue
-        kind = next((k for k, marker in LAYER_KINDS if marker in made_by), "base image" if not made_by else "other")
+        kind = kind_of(made_by) if made_by else "base image"
         out.append((kind, int(size)))
     return out
 
@@ -120,12 +122,25 @@ def toolchain_cost(spec: ImageSpec) -> dict[str, dict[str, int]]:
     return dict(json.loads(out))
 
 
-def trim_saved(cell: str) -> list[int]:
-    """MiB saved by slim-venv.sh in each venv RUN of the cell's last build, in build order."""
+def kind_of(made_by: str) -> str:
+    return next((k for k, marker in LAYER_KINDS if marker in made_by), "other")
+
+
+def trim_saved(cell: str) -> dict[str, int]:
+    """MiB saved by slim-venv.sh per venv layer in the cell's last build (a cached step says nothing)."""
     log = ROOT / "build-logs" / f"{cell}.log"
     if not log.exists():
-        return []
-    return [int(m) for m in re.findall(r"slim-venv\.sh: \S+ \d+ MiB -> \d+ MiB \(saved (\d+) MiB\)", log.read_text())]
+        return {}
+    steps: dict[str, str] = {}
+    saved: dict[str, int] = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = re.match(r"#(\d+) \[[^]]*\] RUN (.*)", line)
+        if m:
+            steps[m.group(1)] = kind_of(m.group(2))
+        m = re.match(r"#(\d+) [\d.]+ slim-venv\.sh: \S+ \d+ MiB -> \d+ MiB \(saved (\d+) MiB\)", line)
+        if m and m.group(1) in steps:
+            saved[steps[m.group(1)]] = int(m.group(2))
+    return saved
 
 
 def main() -> int:
@@ -148,16 +163,20 @@ def main() -> int:
         parts = "; ".join(f"{k} {b / 1e6:,.1f}" for k, b in by_kind.items())
         print(f"| {c.name} | {size:,} B ({size / 1e9:.2f} GB) | {parts} |")
     for c in built:
-        cost = toolchain_cost(c)
         saved = trim_saved(c.name)
         size = int(sh([DOCKER, "image", "inspect", "--format", "{{.Size}}", c.ref]))
+        if c.flavour == "devel":
+            extra = sum(b for k, b in layers(c.ref) if k.startswith("devel"))
+            print(f"\n### {c.name}\n\nThe runtime cell's layers, plus {extra / MIB:,.1f} MiB of devel layers "
+                  f"(slim-venv.sh there: {saved.get('devel: CUDA toolkit wheels, ninja', 0)} MiB).")
+            continue
+        cost = toolchain_cost(c)
         print(f"\n### {c.name}\n\n| | MiB |\n|---|---|")
         for label, v in cost.items():
             print(f"| + {label} ({v['packages']} packages) | +{v['bytes'] / MIB:,.1f} |")
-        runs = ("torch layer", "tools layer", "devel layer")
-        for name, mib in zip(runs, saved, strict=False):
-            print(f"| - slim-venv.sh in the {name} | -{mib} |")
-        net = sum(v["bytes"] for v in cost.values()) / MIB - sum(saved)
+        for kind, mib in saved.items():
+            print(f"| - slim-venv.sh in the layer: {kind} | -{mib} |")
+        net = sum(v["bytes"] for v in cost.values()) / MIB - sum(saved.values())
         print(f"| **net** | **{net:+,.1f}** |")
         if c.name in before:
             delta = size - before[c.name]

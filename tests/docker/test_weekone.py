@@ -176,10 +176,10 @@ def test_devel_shares_its_runtime_cells_layers(cell: str, docker_client: docker.
                 == (spec.torch, spec.cuda, spec.base, spec.platform))
     devel = docker_client.images.get(image_of(cell)).attrs["RootFS"]["Layers"]
     runtime = docker_client.images.get(image_of(twin)).attrs["RootFS"]["Layers"]
-    ours = 3  # the COPY layers of our own files (contract, entrypoint, smoke tests) come last
-    shared = len(runtime) - ours
+    base = docker_client.images.get(spec.base).attrs["RootFS"]["Layers"]
+    shared = len(base) + 4  # the base, then the OS packages, the user, torch and the tools
     assert devel[:shared] == runtime[:shared], "the devel image does not build on its runtime cell's layers"
-    assert len(devel) > len(runtime)
+    assert devel[shared] not in runtime, "the devel layers should follow the tools layer"
 
 
 # --- RDMA ---------------------------------------------------------------------------------------------------
