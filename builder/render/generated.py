@@ -21,7 +21,8 @@ from builder.spec import Matrix
 
 def _template(name: str, matrix: Matrix) -> str:
     native = [c for c in matrix.cells if not c.emulated] or list(matrix.cells)  # an example that runs here
-    older = [c for c in native if not c.latest] or native
+    runtime = [c for c in native if c.flavour == "runtime"] or native
+    older = [c for c in runtime if not c.latest] or runtime
     example = max(older, key=lambda c: version_key(c.torch)).ref
     return environment(template_dir("render")).get_template(name).render(
         c=contract, repository=matrix.repository, example_image=example)
