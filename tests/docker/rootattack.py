@@ -306,6 +306,8 @@ def cmd_pythons(arg):
     for py in arg["pythons"]:
         if not (os.path.isfile(py) and os.access(py, os.X_OK)):
             continue
+        if os.path.realpath(py).startswith(arg["ours"]):  # a payload planted earlier, not a python
+            continue
         key = (os.path.realpath(os.path.dirname(py)), os.path.basename(py))
         if key in seen:
             continue
@@ -932,7 +934,7 @@ class Attack:
         healthy (a denial of service, not a way to root) is noted, and the attack goes on."""
         if not fatal:
             try:
-                self.wait_ready(box, timeout, need_health)
+                self.wait_ready(box, min(timeout, 150), need_health)
             except (WaitTimeout, HarnessError) as exc:
                 if box.status() in ("exited", "dead"):
                     raise
@@ -1046,7 +1048,8 @@ class Attack:
         all_bins = box.tool("bins", {"dirs": sorted(set(dirs) | set(SYSTEM_BIN_DIRS))})
         pythons = [os.path.join(bdir, n) for bdir in sorted(set(dirs) | set(SYSTEM_BIN_DIRS))
                    for n in all_bins if n.startswith("python") and not n.endswith("-config")]
-        pyinfo = box.as_pt("pythons", {"pythons": pythons, "cwds": sorted(cwds | {contract.HOME})})
+        pyinfo = box.as_pt("pythons", {"pythons": pythons, "cwds": sorted(cwds | {contract.HOME}),
+                                       "ours": ATTACK_DIR + "/"})
         d["pythons"] = pyinfo
         sys_dirs: list[str] = []
         for info in pyinfo.values():
@@ -1215,7 +1218,8 @@ class Attack:
         self.result.steps.append(f"[{box.name}] docker exec (no -u): {codes}")
 
     def ssh_login(self, box: Box) -> None:
-        if "sshd" not in ((self.state(box) or {}).get("services") or {}):
+        sshd = ((self.state(box) or {}).get("services") or {}).get("sshd") or {}
+        if not sshd.get("pid"):
             self.result.notes.append(f"[{box.name}] no sshd running (see its log): SSH logins not driven")
             return
         port = box.host_port("22/tcp")

@@ -28,15 +28,16 @@ Passes only if no payload ran as uid 0, no root-owned file under /opt /etc /usr 
 dir), no root-only marker became readable by pt, pt cannot signal or hard-link root's
 things, and the attack was armed (every planting worked, every payload recorded a run).
 
-It fails against the image before #11 (2.7.0-cuda12.6-cudnn9-runtime built from 995f0c8,
-image 9794b93b): 3 of 6 tests failed; 20 distinct payloads ran as uid 0 (dirname and
-ssh-keygen at every start, setpriv at every service start and restart, groupmod/usermod
-in the remap, nvidia-smi in the diagnostics; python, python3, pip, bash, sh, cat, env,
-id, mesg and 4 .pth files and 38 stdlib shadows on `docker exec` without -u); the root-
-owned canaries behind the Jupyter token and password-hash files changed owner to pt (and
-to 4242 after the remap); the marker behind ~pt/.ssh/authorized_keys became readable by pt
-(run log: docs/security.md, "How the boundary is tested"). The same test against the fixed
-image with only the old entrypoint copied back in fails too (see docs/security.md).
+It fails against the image before #11 (2.7.0-cuda12.6-cudnn9-runtime from 1e80d55, image
+bba3c813; run of 2026-12-01, 106 s): 3 failed, 3 passed. 21 distinct payloads ran as uid 0, 172
+runs: dirname and ssh-keygen at every start, setpriv at every service start and restart (for
+uid 1000 and 4242), groupmod/usermod in the remap, nvidia-smi in the diagnostics; on `docker
+exec` without -u: python, python3, pip, bash, sh, cat, env, id (from /etc/profile), mesg (from
+/root/.profile), a .pth in four venv site dirs, 38 stdlib modules shadowed in /opt/venv/bin and
+2 in /workspace. The root-owned canaries behind Jupyter's token and password-hash files changed
+owner to pt (4 changes, before and after the remap); the secret behind ~pt/.ssh/authorized_keys
+became readable by pt (and reached the log). Against the fixed image: 6 passed, about 80 s.
+See docs/security.md for the design it attacks.
 
     PTMG_TEST_IMAGE=pt-multi-gpu:<cell> python -m pytest -s tests/docker/test_root_boundary.py
 

@@ -688,8 +688,22 @@ def test_ssh_forwards_only_local_tunnels_to_jupyter_and_tensorboard(container: A
     # Remote listeners, unix-socket forwarding and the agent: refused.
     remote = _ssh_forward(port, key, ["-R", "0:127.0.0.1:9"], "true")
     assert remote.returncode != 0 and "remote port forwarding failed" in remote.stderr, remote.stderr
-    stream = _ssh_forward(port, key, ["-L", f"{tmp_path}/s.sock:/run/pt-multi-gpu/any.sock"], "true")
-    assert stream.returncode != 0, stream.stderr
+    remote_sock = _ssh_forward(port, key, ["-R", "/tmp/ptmg-fwd.sock:127.0.0.1:9"], "true")
+    assert remote_sock.returncode != 0 and "forwarding failed" in remote_sock.stderr, remote_sock.stderr
+    local_sock = tmp_path / "s.sock"  # -L to a unix socket in the container: the channel is refused
+    proc = subprocess.Popen(["ssh", "-o", "LogLevel=INFO", *SSH_OPTS, "-i", str(key), "-o", "IdentitiesOnly=yes", "-N",
+                             "-L", f"{local_sock}:/run/pt-multi-gpu/any.sock", "-p", str(port), f"pt@{LOCAL}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(local_sock.exists, 60, interval=0.5, what="the local end of the unix-socket tunnel")
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.settimeout(10)
+            sock.connect(str(local_sock))
+            assert sock.recv(64) == b"", "ssh -L to a unix socket must be refused"
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "open failed" in err, err
     agent = subprocess.run(["ssh-agent", "sh", "-c",
                             f"ssh-add -q {key} && ssh {' '.join(SSH_OPTS)} -A -i {key} -p {port} pt@{LOCAL} "
                             "'echo agent=${SSH_AUTH_SOCK:-none}'"],
