@@ -235,6 +235,12 @@ class Engine:
             # container hangs), so such containers always get an init; the platform avoids a pull.
             kwargs.setdefault("init", True)
             kwargs.setdefault("platform", foreign)
+            # The image's own tini is then not PID 1: as a subreaper it still reaps (and does not warn).
+            env = kwargs.get("environment")
+            if env is None or isinstance(env, Mapping):
+                kwargs["environment"] = {"TINI_SUBREAPER": "1", **(env or {})}
+            elif not any(str(e).startswith("TINI_SUBREAPER=") for e in env):
+                kwargs["environment"] = [*env, "TINI_SUBREAPER=1"]
         if network is not None:
             kwargs["network"] = network
             if alias is not None:

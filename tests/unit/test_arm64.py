@@ -226,6 +226,7 @@ def test_engine_starts_foreign_images_with_an_init_and_their_platform() -> None:
     engine.start("pt-multi-gpu:x", ["true"])
     arm, amd = fake.containers.kwargs
     assert arm["init"] is True and arm["platform"] == "linux/arm64"
+    assert arm["environment"] == {"TINI_SUBREAPER": "1"}  # the image's tini, no longer PID 1, still reaps
     assert "init" not in amd and "platform" not in amd
     assert engine.foreign_platform("pt-multi-gpu:x-arm64") == "linux/arm64"
 
