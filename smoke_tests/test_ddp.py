@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from ddp_checks import CHECKS, Job, skip_or_fail, tail
 
 import run_ddp
 import smokelib
+from ddp_checks import CHECKS, Job, skip_or_fail, tail
 from smokelib import SmokeConfig
 
 pytestmark = pytest.mark.ddp
