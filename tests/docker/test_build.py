@@ -74,6 +74,13 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.Doc
         remove=True, labels={"project": "pt-multi-gpu"}).decode().split()
     assert odd == [], f"{len(odd)} venv entries outside the scheme, e.g. {odd[:5]}"
     assert out[-1] == "0", "no SSH host key may be baked into the image"
+    # The cell file the native Slurm launcher's preflight reads (root's, like the rest of the prefix).
+    cell = docker_client.containers.run(built_cell.ref, entrypoint=["stat", "-c", "%U %a", "/opt/pt-multi-gpu/cell"],
+                                        remove=True,
+                                        labels={"project": "pt-multi-gpu"}).decode()
+    name = docker_client.containers.run(built_cell.ref, entrypoint=["cat", "/opt/pt-multi-gpu/cell"], remove=True,
+                                        labels={"project": "pt-multi-gpu"}).decode()
+    assert (cell.split()[:2], name) == (["root", "644"], f"{built_cell.cell}\n")
 
 
 # ------------------------------------------------------------------ build secrets
