@@ -1,154 +1,361 @@
-"""Build speed and image size benchmarks. Prints a markdown report (paste into BENCHMARKS.md).
+"""Build speed, install time and reproducibility. Prints a markdown report (paste into BENCHMARKS.md).
 
-    .venv/bin/python bench/bench_build.py [--cell 2.7.0-cuda12.6-cudnn9-runtime] [--skip-cold]
+    flock /tmp/ptmg-docker.lock .venv/bin/python bench/bench_build.py [--cell 2.7.0-cuda12.6-cudnn9-runtime]
+        [--skip-cold] [--repro]
 
-Figures (targets from the build issue):
-  1. no-op rebuild of the whole default matrix                 < 2 s, nothing rebuilt
-  2. rebuild after an entrypoint/-only change                   <= 10% of that cell's cold build
-  3. cold build of a CUDA cell vs the floor (pip download +
-     pip install of the same packages in a bare container)       <= 1.2x the floor
-  4. a second cell sharing the torch version                    torch not downloaded again
-  5. image size per cell next to pytorch/pytorch runtime images  <= 0.9x, and where the bytes go
+Figures (targets from the issues; every figure of one run comes from that run):
+  1. no-op rebuild of the native default matrix                  < 2 s, nothing rebuilt
+  2. the pip floor: `pip download` + `pip install` of the cell's top-level requirements into a
+     fresh venv in a container of the cell's image, empty cache (no Docker build at all)
+  3. before (#13): the torch and tools RUNs as the Dockerfile had them (pip download + pip
+     install, cold: no wheel cache), on the cell's own OS layer: BuildKit's step times
+  4. after, cold: `build.py build --force --no-cache` with an EMPTY wheel store: the whole build
+     (fetch, context transfer, every layer, export, probe)    <= 1.0x the floor (2)
+     and its torch RUN                                          <= 0.5x the torch RUN of (3)
+  5. after, warm: the same with the store filled (a rebuild without the layer cache)
+  6. rebuild after an entrypoint/-only change                   <= 10% of the cold build
+  7. --repro: two --no-cache builds of the cell from the same lock: their file trees compared
+     (path, type, mode, owner, size, sha256 of the content) and what still differs, by kind
 
-"Cold" means: no layer cache (--no-cache) and an empty pip cache mount. The
-floor starts from the same base with python3-venv installed and uses an empty
-pip cache too. Needs every default cell built already (`make images`).
+Disk: figures 3-5 and 7 build under a throwaway repository (ptmg-bench:<cell>, from a copy of the
+matrix and the cell's lock), so the cell's own image is never replaced; each such image is removed
+after its figure, and the BuildKit records this run created that no image uses any more are removed
+by record id (shared cache mounts are never touched). Peak: about 10 GB free is needed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from builder.render.dockerfile import core_requirements  # noqa: E402
-from builder.spec import load_matrix  # noqa: E402
+import ptmg_contract as contract  # noqa: E402
+from builder.build import buildenv  # noqa: E402
+from builder.lock.target import wanted  # noqa: E402
+from builder.render import dockerfile  # noqa: E402
+from builder.spec import ImageSpec, load_matrix  # noqa: E402
 
 PY = sys.executable
 DOCKER = "/usr/bin/docker"
-OFFICIAL = {"2.7.1-cuda11.8-cudnn9-runtime": 6.48e9, "2.0.0-cuda11.7-cudnn8-runtime": 6.44e9}
+LABELS = ["--label", "project=pt-multi-gpu", "--label", "ptmg-helper=bench"]
 
 
-def run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, **kw)  # type: ignore[call-overload,no-any-return]
+def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, **kw)
 
 
-def timed_build(args: list[str]) -> tuple[float, list[dict[str, object]]]:
+BENCH_REPO = "ptmg-bench"
+
+
+def bench_config(workdir: Path, cell: str) -> Path:
+    """The matrix under a throwaway repository, with the cell's lock beside it: bench images never
+    replace a cell's own image."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config = workdir / "images.yaml"
+    config.write_text((ROOT / "images.yaml").read_text().replace("\nrepository: pt-multi-gpu\n",
+                                                                  f"\nrepository: {BENCH_REPO}\n"))
+    shutil.rmtree(workdir / "locks", ignore_errors=True)
+    (workdir / "locks").mkdir()
+    shutil.copytree(ROOT / "locks" / cell, workdir / "locks" / cell)
+    shutil.copy(ROOT / "locks" / "pylock.uv.toml", workdir / "locks" / "pylock.uv.toml")
+    return config
+
+
+def empty_store_of(cell: str) -> int:
+    """Remove every wheel of the cell's lock from the wheel store (the next build downloads them all)."""
+    from builder.lock import model
+    from builder.lock.store import default_store
+
+    names = [p.wheel.filename for p in model.read(model.lock_path(ROOT, cell)).packages]
+    for n in names:
+        (default_store() / n).unlink(missing_ok=True)
+    return len(names)
+
+
+def need_disk(gb: float, what: str) -> None:
+    free = shutil.disk_usage("/").free / 1e9
+    if free < gb:
+        sys.exit(f"{what}: {free:.1f} GB free, {gb:.0f} GB needed; free disk first (see docs/supply-chain.md)")
+
+
+def timed_build(args: list[str], env: dict[str, str] | None = None) -> tuple[float, list[dict[str, Any]], str]:
     start = time.monotonic()
-    r = run([PY, "build.py", "build", "--json", *args])
+    r = run([PY, "build.py", "build", "--json", *args], env={**os.environ, **(env or {})})
     elapsed = time.monotonic() - start
     if r.returncode != 0:
         sys.exit(f"build failed: {r.stderr[-3000:]}")
-    return elapsed, json.loads(r.stdout)
+    return elapsed, json.loads(r.stdout), r.stderr
 
 
-def prune_pip_cache() -> None:
-    run([DOCKER, "builder", "prune", "-f", "--filter", "type=exec.cachemount"])
+# --- BuildKit's plain progress: step times ------------------------------------------------------
+def step_times(log: str) -> dict[str, float]:
+    """Seconds per step of a `--progress=plain` log: 'torch', 'tools', 'os', 'sbom', 'context', 'export'."""
+    names: dict[str, str] = {}
+    out: dict[str, float] = {}
+    for line in log.splitlines():
+        m = re.match(r"^#(\d+) (.*)$", line)
+        if not m:
+            continue
+        vid, rest = m.groups()
+        if vid not in names:
+            kind = ("context" if "load build context" in rest else "export" if rest.startswith("exporting to image")
+                    else "tools" if "wheelhouse/tools," in rest or "jupyterlab==" in rest
+                    else "torch" if "wheelhouse/torch," in rest or ("pip download" in rest and '"torch==' in rest)
+                    else "os" if "apt-get upgrade" in rest else "sbom" if "sbom.py" in rest else "")
+            names[vid] = kind
+            continue
+        done = re.match(r"^DONE (\d+(?:\.\d+)?)s", rest)
+        if done and names.get(vid):
+            out[names[vid]] = float(done.group(1))
+    return out
 
 
-def floor_seconds(cell_ref: str, reqs: list[str]) -> float:
-    """pip download + pip install of the same package set in a bare container with an empty cache."""
+def context_bytes(log: str) -> str:
+    m = re.findall(r"transferring context: ([\d.]+\w+) ([\d.]+)s done", log)
+    return f"{m[-1][0]} in {m[-1][1]} s" if m else "-"
+
+
+# --- 2. the floor ----------------------------------------------------------------------------------
+def floor_seconds(spec: ImageSpec) -> float:
+    """pip download + pip install of the cell's requirements in a bare venv in a container, empty cache."""
+    reqs = [r for layer in wanted(spec).values() for r in layer if r != "pip"]
     pkgs = " ".join(repr(r) for r in reqs)
-    script = (
-        "set -e; python3 -m venv /tmp/v; t0=$(date +%s%N); "
-        f"/tmp/v/bin/pip download -q -d /tmp/w {pkgs}; "
-        f"/tmp/v/bin/pip install -q --no-index --find-links /tmp/w {pkgs}; "
-        "t1=$(date +%s%N); echo FLOOR $(( (t1 - t0) / 1000000 ))"
-    )
-    # The cell's own image has python3-venv; a fresh venv in /tmp is a bare install target.
-    r = run([DOCKER, "run", "--rm", "--label", "project=pt-multi-gpu", "--entrypoint", "bash",
+    script = ("set -e; python3 -m venv /tmp/v; t0=$(date +%s%N); "
+              f"/tmp/v/bin/pip download -q -d /tmp/w {pkgs}; "
+              f"/tmp/v/bin/pip install -q --no-index --find-links /tmp/w {pkgs}; "
+              "t1=$(date +%s%N); echo FLOOR $(( (t1 - t0) / 1000000 ))")
+    # /tmp (the venv and the wheelhouse, ~9 GB) is a tmpfs: no disk needed, and no slower than the overlay.
+    r = run([DOCKER, "run", "--rm", *LABELS, "--user", "0", "--entrypoint", "bash", "--tmpfs", "/tmp:size=12g,exec",
              "-v", "/etc/ssl/certs/ca-certificates.crt:/ca.pem:ro", "-e", "PIP_CERT=/ca.pem",
-             "-e", "PIP_NO_CACHE_DIR=1", cell_ref, "-c", script])
+             "-e", "PIP_NO_CACHE_DIR=1", spec.ref, "-c", script])
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("FLOOR ")]
     if not line:
         sys.exit(f"floor run failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     return float(line[0].split()[1]) / 1000
 
 
-def layer_report(ref: str) -> list[tuple[str, str]]:
-    r = run([DOCKER, "history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", ref])
-    rows = []
-    for line in r.stdout.splitlines():
-        size, _, created = line.partition("\t")
-        if size not in ("0B", "0"):
-            rows.append((size, " ".join(created.split())[:90]))
-    return rows
+# --- 3. before: today's pip RUNs, cold ---------------------------------------------------------------
+BENCH_TOKEN = "ptmg-bench-before"
 
 
-def dir_report(ref: str) -> str:
-    r = run([DOCKER, "run", "--rm", "--label", "project=pt-multi-gpu", "--entrypoint", "bash", ref, "-c",
-             "du -sh /opt/venv/lib/python3*/site-packages/* /usr 2>/dev/null | sort -rh | head -12"])
-    return r.stdout.strip()
+def pip_run(reqs: list[str], spec: ImageSpec, cache_id: str, *, venv: bool) -> str:
+    """A venv RUN as the Dockerfile had it before #13 (pip download into a wheelhouse in a cache mount, pip
+    install from it); the cache mount is this run's own, so it starts empty (cold) as in a fresh CI run."""
+    quoted = " ".join(f'"{r}"' for r in reqs)
+    cache = f"--mount=type=cache,id={cache_id},target=/tmp,uid={contract.UID},gid={contract.GID},sharing=locked"
+    lines = [f"RUN {cache} \\",
+             f"    --mount=type=secret,id=build-env,uid={contract.UID} \\",
+             f"    --mount=type=secret,id=ca-bundle,uid={contract.UID} \\",
+             "    --mount=type=bind,source=imagebuild/slim-venv.sh,target=/ptmg-build/slim-venv.sh \\",
+             "    if [ -f /run/secrets/build-env ]; then . /run/secrets/build-env; fi \\"]
+    lines.append(f" && : {BENCH_TOKEN} \\")
+    if venv:
+        lines.append(f" && python3 -m venv {contract.VENV} \\")
+    lines += [f" && pip download --no-cache-dir --dest /tmp/wheels {quoted} \\",
+              f" && pip install --no-cache-dir --no-index --find-links /tmp/wheels {quoted} \\"]
+    if venv:
+        lines.append(" && python -c 'import torch, torchvision' \\")
+    lines += [f" && find {contract.VENV} ! -type l ! -perm -g+w -exec chmod g+w {{}} + \\",
+              f" && bash /ptmg-build/slim-venv.sh {' '.join(dockerfile.slim_args(spec))} {contract.VENV}"]
+    return "\n".join(lines) + "\n"
+
+
+def before_dockerfile(spec: ImageSpec) -> str:
+    """The cell's Dockerfile up to its venv layers (the same OS layer: cached), then pip's RUNs."""
+    text = dockerfile.render(spec)
+    core = [r for r in wanted(spec)["torch"] if r != "pip"]
+    tools = sorted({*wanted(spec)["tools"], *core})
+    cache = f"ptmg-bench-{time.time_ns()}"
+    return (text[: text.index("# 3. torch")] + pip_run(core, spec, cache, venv=True)
+            + pip_run(tools, spec, cache, venv=False))
+
+
+def before(spec: ImageSpec, tag: str) -> dict[str, float]:
+    labels = run([DOCKER, "image", "inspect", "-f", "{{json .Config.Labels}}", spec.ref])
+    snapshot = json.loads(labels.stdout or "{}").get(contract.LABEL_OS_SNAPSHOT, "")
+    env = buildenv.detect(os.environ)
+    with tempfile.TemporaryDirectory() as tmp, buildenv.secret_files(env) as secrets:
+        df = Path(tmp) / "Dockerfile"
+        df.write_text(before_dockerfile(spec))
+        argv = [DOCKER, "build", "--progress=plain", "--pull=false", "-f", str(df), "-t", tag, *LABELS,
+                "--build-arg", f"{contract.OS_SNAPSHOT_ARG}={snapshot}"]
+        argv += [a for sid, p in sorted(secrets.items()) for a in ("--secret", f"id={sid},src={p}")]
+        r = run([*argv, str(ROOT)], env={**os.environ, "DOCKER_BUILDKIT": "1"})
+    if r.returncode != 0:
+        sys.exit(f"the pip (before) build failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
+    return step_times(r.stdout + r.stderr)
+
+
+# --- cleanup of what this run made ---------------------------------------------------------------------
+def prune_own_records(since: float) -> int:
+    """Remove the BuildKit records created after `since` that nothing uses (by id; never a cache mount)."""
+    freed = 0
+    for _ in range(8):  # children before parents: a parent frees nothing while a child holds it
+        r = run(["curl", "-s", "--unix-socket", "/var/run/docker.sock", "http://localhost/system/df"])
+        records = (json.loads(r.stdout or "{}").get("BuildCache") or [])
+        mine = [b for b in records if not b.get("InUse") and _epoch(str(b.get("CreatedAt", ""))) >= since
+                and (b.get("Type") != "exec.cachemount" or BENCH_TOKEN in str(b.get("Description", "")))]
+        if not mine:
+            break
+        for b in mine:
+            p = run([DOCKER, "builder", "prune", "-f", "--filter", f"id={b['ID']}"])
+            m = re.search(r"Total reclaimed space:\s*([\d.]+)(\w+)", p.stdout)
+            if m:
+                freed += int(float(m.group(1)) * {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}.get(m.group(2), 1))
+    return freed
+
+
+def _epoch(stamp: str) -> float:
+    import datetime as dt
+
+    try:
+        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")[:26] + stamp[-6:] if "+" in stamp[-6:]
+                                         else stamp.replace("Z", "")[:26]).replace(
+            tzinfo=dt.timezone.utc).timestamp()
+    except ValueError:
+        return 0.0
+
+
+# --- 7. reproducibility ---------------------------------------------------------------------------------
+SKIP = "\\( -path /proc -o -path /sys -o -path /dev -o -path /out \\) -prune -o"
+TREE = (f"find / -xdev {SKIP} -printf '%p\\t%y\\t%m\\t%U:%G\\t%s\\t%l\\n' | sort > /out/meta; "
+        f"find / -xdev {SKIP} -type f -print0 | sort -z | xargs -0 sha256sum > /out/sums")
+
+
+def tree(ref: str, out: Path) -> tuple[dict[str, str], dict[str, str]]:
+    out.mkdir(parents=True, exist_ok=True)
+    r = run([DOCKER, "run", "--rm", *LABELS, "--user", "0", "--entrypoint", "sh", "-v", f"{out}:/out", ref, "-c", TREE])
+    if r.returncode != 0:
+        sys.exit(f"listing {ref} failed: {r.stderr[-2000:]}")
+    meta = {ln.split("\t", 1)[0]: ln for ln in (out / "meta").read_text().splitlines()}
+    sums = {ln[66:]: ln[:64] for ln in (out / "sums").read_text().splitlines()}
+    return meta, sums
+
+
+def kind_of(path: str) -> str:
+    for pattern, kind in ((r"\.pyc$", ".pyc"), (r"^/opt/venv/", "venv (other)"), (r"^/var/lib/dpkg/", "dpkg database"),
+                          (r"^/var/log/", "logs"), (r"^/var/cache/", "caches"), (r"^/opt/pt-multi-gpu/", "ours"),
+                          (r"^/etc/", "/etc"), (r"^/usr/", "/usr")):
+        if re.search(pattern, path):
+            return kind
+    return "other"
+
+
+def repro(cell: str, config: Path, workdir: Path) -> list[str]:
+    runs = []
+    for name in ("A", "B"):
+        need_disk(8, f"reproducibility build {name}")
+        t, rows, _ = timed_build(["--config", str(config), "--only", cell, "--force", "--no-cache"])
+        image_id = str(rows[0]["image_id"])
+        runs.append((name, t, image_id, tree(image_id, workdir / name)))
+        run([DOCKER, "image", "rm", "-f", image_id, f"{BENCH_REPO}:{cell}"])
+    (_, ta, ida, (ma, sa)), (_, tb, idb, (mb, sb)) = runs
+    meta_diff = sorted(p for p in set(ma) | set(mb) if ma.get(p) != mb.get(p))
+    content_diff = sorted(p for p in set(sa) | set(sb) if sa.get(p) != sb.get(p))
+    out = [f"| builds | A {ta:.0f} s ({ida[:19]}), B {tb:.0f} s ({idb[:19]}) |",
+           f"| entries compared | {len(ma)} (A), {len(mb)} (B); regular files {len(sa)} / {len(sb)} |",
+           f"| path, type, mode, owner, size or link differ | {len(meta_diff)} |",
+           f"| content (sha256) differs | {len(content_diff)} |"]
+    for kind, n in Counter(kind_of(p) for p in content_diff).most_common():
+        out.append(f"| content differs: {kind} | {n} (e.g. `{next(p for p in content_diff if kind_of(p) == kind)}`) |")
+    for kind, n in Counter(kind_of(p) for p in meta_diff).most_common():
+        out.append(f"| metadata differs: {kind} | {n} (e.g. `{next(p for p in meta_diff if kind_of(p) == kind)}`) |")
+    (workdir / "differs.txt").write_text("\n".join(["# content", *content_diff, "# metadata", *meta_diff]) + "\n")
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", default="2.7.0-cuda12.6-cudnn9-runtime")
-    ap.add_argument("--skip-cold", action="store_true", help="skip figures 3 and 4 (minutes each)")
+    ap.add_argument("--skip-cold", action="store_true", help="skip figures 2-5 (minutes each, 6 GB of disk)")
+    ap.add_argument("--repro", action="store_true", help="figure 7: two --no-cache builds compared")
+    ap.add_argument("--workdir", type=Path, default=ROOT / "build-logs" / "bench")
     a = ap.parse_args()
+    started = time.time()
     cells = load_matrix(ROOT / "images.yaml").cells
     spec = next(c for c in cells if c.name == a.cell)
     out: list[str] = ["| figure | result | target |", "|---|---|---|"]
 
-    # 1. no-op rebuild of the whole matrix
-    noop, rows = timed_build([])
-    statuses = {str(r["status"]) for r in rows}
-    out.append(f"| no-op rebuild, whole default matrix ({len(rows)} cells) | {noop:.2f} s, statuses {sorted(statuses)} "
-               "| < 2 s, nothing rebuilt |")
+    _, planned, _ = timed_build(["--dry-run"])
+    stale = [str(r["cell"]) for r in planned if r["status"] != "skipped"]
+    if stale:  # figure 1 is about an up-to-date matrix; never start building every cell from here
+        out.append(f"| 1. no-op rebuild, native default matrix | not measured: not up to date ({', '.join(stale)}) | |")
+    else:
+        noop, rows, _ = timed_build([])
+        statuses = sorted({str(r["status"]) for r in rows})
+        out.append(f"| 1. no-op rebuild, native default matrix ({len(rows)} cells) | {noop:.2f} s, {statuses} "
+                   "| < 2 s |")
 
     cold = None
+    config = bench_config(a.workdir / "matrix", a.cell)
+    bench_ref = f"{BENCH_REPO}:{a.cell}"
     if not a.skip_cold:
-        # 3. cold build vs floor
-        prune_pip_cache()
-        cold, _ = timed_build(["--only", a.cell, "--force", "--no-cache"])
-        floor = floor_seconds(spec.ref, [*core_requirements(spec), *spec.tools])
-        out.append(f"| cold build of {a.cell} (no layer cache, empty pip cache) | {cold:.0f} s vs floor "
-                   f"{floor:.0f} s = {cold / floor:.2f}x | <= 1.2x floor |")
+        floor = floor_seconds(spec)
+        out.append(f"| 2. pip floor: `pip download` + `pip install` of the same set, fresh venv, empty cache | "
+                   f"{floor:.0f} s | |")
+        tag = f"{BENCH_REPO}:pip-before"
+        need_disk(9.5, "the pip (before) build")
+        try:
+            b = before(spec, tag)
+        finally:
+            run([DOCKER, "image", "rm", "-f", tag])
+        out.append(f"| 3. before (#13): pip torch RUN / tools RUN, cold | {b.get('torch', 0):.1f} s / "
+                   f"{b.get('tools', 0):.1f} s | |")
+        prune_own_records(started)
+        need_disk(7, "the cold build")
+        gone = empty_store_of(a.cell)  # cold: none of the cell's wheels in the store (they come back)
+        cold, _, err = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])
+        log = (ROOT / "build-logs" / f"{a.cell}.log").read_text()
+        run([DOCKER, "image", "rm", "-f", bench_ref])
+        prune_own_records(started)
+        s = step_times(log)
+        fetched = re.search(r"downloaded \(([\d.]+) GB\) in ([\d.]+) s", err)
+        out.append(f"| 4. after, cold (none of its {gone} wheels in the store, no layer cache): whole build | "
+                   f"{cold:.0f} s = "
+                   f"{cold / floor:.2f}x the floor | <= 1.0x the floor |")
+        fetch = f"{fetched.group(1)} GB in {fetched.group(2)} s" if fetched else "-"
+        out.append(f"| 4. ... of which: fetch {fetch}, context {context_bytes(log)}, OS {s.get('os', 0):.1f} s, "
+                   f"torch {s.get('torch', 0):.1f} s, "
+                   f"tools {s.get('tools', 0):.1f} s, SBOM {s.get('sbom', 0):.1f} s, export {s.get('export', 0):.1f} s"
+                   " | |")
+        out.append(f"| 4. torch RUN after / before | {s.get('torch', 0):.1f} s / {b.get('torch', 0):.1f} s = "
+                   f"{s.get('torch', 0) / max(b.get('torch', 1), 0.1):.2f}x | <= 0.5x |")
+        need_disk(8, "the warm build")
+        warm, _, _ = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])
+        w = step_times((ROOT / "build-logs" / f"{a.cell}.log").read_text())
+        run([DOCKER, "image", "rm", "-f", bench_ref])
+        prune_own_records(started)
+        out.append(f"| 5. after, warm store, no layer cache: whole build / torch RUN / tools RUN | {warm:.0f} s / "
+                   f"{w.get('torch', 0):.1f} s / {w.get('tools', 0):.1f} s | |")
 
-        # 4. a second cell that shares the torch version reuses the cached wheel
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg = Path(tmp) / "images.yaml"
-            cfg.write_text(f'repository: ptmg-bench\ninclude:\n  - {{torch: "{spec.torch}", flavour: dev}}\n')
-            t, _ = timed_build(["--config", str(cfg), "--force"])
-            log = (ROOT / "build-logs" / f"{spec.torch}-cuda{spec.cuda}-cudnn{spec.cudnn_major}-dev.log").read_text()
-            downloaded = "Downloading torch-" in log
-            reused = "File was already downloaded /tmp/wheels/torch-" in log
-            out.append(f"| second cell with torch {spec.torch} (dev flavour) | {t:.0f} s; torch downloaded again: "
-                       f"{'yes' if downloaded else 'no'} (pip: {'already in the wheelhouse' if reused else '?'}) "
-                       "| not downloaded |")
-            run([DOCKER, "image", "rm", f"ptmg-bench:{spec.torch}-cuda{spec.cuda}-cudnn{spec.cudnn_major}-dev"])
-
-    # 2. entrypoint-only change
     touch = ROOT / "entrypoint" / ".bench-touch"
     touch.write_text(str(time.time()))
     try:
-        ep, _ = timed_build(["--only", a.cell])
+        ep, _, _ = timed_build(["--only", a.cell])
     finally:
         touch.unlink()
-    timed_build(["--only", a.cell])  # back to the committed inputs
+    timed_build(["--only", a.cell])
     ref = f" = {ep / cold * 100:.1f}% of cold" if cold else ""
-    out.append(f"| rebuild after an entrypoint/-only change ({a.cell}) | {ep:.1f} s{ref} | <= 10% of cold |")
-
-    # 5. sizes
+    out.append(f"| 6. rebuild after an entrypoint/-only change | {ep:.1f} s{ref} | <= 10% of cold |")
     print("\n".join(out))
-    print("\n| cell | size | vs pytorch/pytorch runtime |\n|---|---|---|")
-    for c in cells:
-        r = run([DOCKER, "image", "inspect", "--format", "{{.Size}}", c.ref])
-        size = int(r.stdout.strip() or 0)
-        key = "2.0.0-cuda11.7-cudnn8-runtime" if c.cuda.startswith("11") else "2.7.1-cuda11.8-cudnn9-runtime"
-        pt = OFFICIAL[key]
-        print(f"| {c.name} | {size / 1e9:.2f} GB | {size / pt:.2f}x of {pt / 1e9:.2f} GB |")
-    print(f"\nLargest layers of {a.cell}:\n")
-    for layer_size, created in layer_report(spec.ref):
-        print(f"- {layer_size}: `{created}`")
-    print(f"\nLargest directories in {a.cell}:\n\n```\n{dir_report(spec.ref)}\n```")
+
+    if a.repro:
+        print("\n| reproducibility: two `--no-cache` builds of " + a.cell + " | |\n|---|---|")
+        print("\n".join(repro(a.cell, config, a.workdir / "repro")))
+    freed = prune_own_records(started)
+    print(f"\n(cleanup: {freed / 1e9:.1f} GB of this run's unused BuildKit records removed)")
 
 
 if __name__ == "__main__":
