@@ -8,14 +8,18 @@ images.yaml say so in their names.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from builder.common.waiting import WaitTimeout, wait_until
 from builder.spec import ImageSpec, Matrix, load_matrix
 
-__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "WaitTimeout", "cell", "host_port", "small_matrix", "wait_until",
-           "write_matrix"]
+__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "ChunkReader", "WaitTimeout", "cell", "host_port",
+           "load_module", "small_matrix", "wait_until", "write_matrix"]
 
 ROOT = Path(__file__).resolve().parents[1]
 #: DOCKER_HOST in the unit tier (tests/unit/conftest.py): a socket that is not there.
@@ -81,3 +85,32 @@ def host_port(container: Any, port: str) -> int:
     if not bindings:
         raise AssertionError(f"{port} is not published by container {container.name}")
     return int(bindings[0]["HostPort"])
+
+
+def load_module(name: str, path: Path) -> ModuleType:
+    """Import a file that is not on the path (the in-image modules of smoke_tests/ and entrypoint/)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class ChunkReader:
+    """File-like over an iterator of byte chunks (docker-py's `image.save()`): tarfile's stream
+    mode needs only read()."""
+
+    def __init__(self, chunks: Iterable[bytes]):
+        self.chunks = iter(chunks)
+        self.buf = b""
+
+    def read(self, n: int = -1) -> bytes:
+        while n < 0 or len(self.buf) < n:
+            try:
+                self.buf += next(self.chunks)
+            except StopIteration:
+                break
+        n = len(self.buf) if n < 0 else n
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out

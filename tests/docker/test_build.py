@@ -21,7 +21,7 @@ import pytest
 
 from builder.engine import BuildRequest, Engine
 from builder.spec import ImageSpec, load_matrix
-from tests.support import cell
+from tests.support import ChunkReader, cell
 
 from .cellimage import ROOT, BuiltCell
 
@@ -123,23 +123,6 @@ def _decompressed(f: io.BufferedReader) -> Iterator[tuple[str, bytes]]:
         yield kind, chunk
 
 
-class _StreamReader:
-    """File-like over docker-py's chunk iterator (tarfile's stream mode needs only read())."""
-
-    def __init__(self, chunks: Iterator[bytes]):
-        self.chunks = chunks
-        self.buf = b""
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self.buf) < n:
-            try:
-                self.buf += next(self.chunks)
-            except StopIteration:
-                break
-        n = len(self.buf) if n < 0 else n
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
-
 
 def scan_saved_image(image: Any, markers: tuple[bytes, ...]) -> tuple[set[bytes], dict[str, int], int]:
     """`docker save` is a tar of blobs: every layer (decompressed: gzip, zstd or plain) and the
@@ -147,7 +130,7 @@ def scan_saved_image(image: Any, markers: tuple[bytes, ...]) -> tuple[set[bytes]
     decompressed bytes scanned)."""
     scanner = _Scanner(markers)
     formats: dict[str, int] = {}
-    reader = _StreamReader(iter(image.save(named=True, chunk_size=8 << 20)))
+    reader = ChunkReader(iter(image.save(named=True, chunk_size=8 << 20)))
     with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as outer:
         for member in outer:
             f = outer.extractfile(member) if member.isfile() else None

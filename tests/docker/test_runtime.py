@@ -37,7 +37,7 @@ import websocket
 
 import ptmg_contract as contract
 from tests.browser import BrowserMissing, Chrome
-from tests.support import host_port, wait_until
+from tests.support import ChunkReader, host_port, wait_until
 
 LOCAL = "127.0.0.1"
 ENTRYPOINT = "/opt/pt-multi-gpu/entrypoint"
@@ -742,7 +742,7 @@ def test_ssh_host_keys_differ_per_container_and_persist_on_a_volume(
 def test_no_ssh_host_key_in_any_image_layer(docker_client: docker.DockerClient, test_image: str) -> None:
     """docker save streams the image; every layer tar inside is scanned, streaming too."""
     image = docker_client.images.get(test_image)
-    reader = _StreamReader(image.save(chunk_size=1 << 20))
+    reader = ChunkReader(image.save(chunk_size=1 << 20))
     found: list[str] = []
     layers = 0
     with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as outer:
@@ -765,24 +765,6 @@ def test_no_ssh_host_key_in_any_image_layer(docker_client: docker.DockerClient, 
 def _looks_like_tar(head: bytes) -> bool:
     return len(head) == 512 and head[257:262] == b"ustar"
 
-
-class _StreamReader:
-    """File-like over docker-py's chunk iterator (tarfile stream mode needs only read())."""
-
-    def __init__(self, chunks: Any):
-        self.chunks = iter(chunks)
-        self.buf = b""
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self.buf) < n:
-            try:
-                self.buf += next(self.chunks)
-            except StopIteration:
-                break
-        if n < 0:
-            n = len(self.buf)
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
 
 
 class _Prefixed:

@@ -4,10 +4,8 @@ emulation, the engine's --init for foreign images, and the tags a multi-platform
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from builder.engine import Engine
 from builder.host import doctor, emulation
 from builder.render import dockerfile
 from builder.spec import Matrix, platforms, tags
-from tests.support import LATEST, SEED_MATRIX, cell, small_matrix, write_matrix
+from tests.support import LATEST, SEED_MATRIX, cell, load_module, small_matrix, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 ARM = f"{LATEST}-arm64"
@@ -178,17 +176,9 @@ def test_doctor_never_promises_gpus_to_an_emulated_cell(matrix: Matrix) -> None:
     assert by_cell[LATEST].level == "ok"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 def test_selftest_skips_what_takes_minutes_under_emulation_with_the_reason() -> None:
-    conftest = _load("ptmg_smoke_conftest", ROOT / "smoke_tests" / "conftest.py")
+    conftest = load_module("ptmg_smoke_conftest", ROOT / "smoke_tests" / "conftest.py")
 
     def item(module: str, *markers: str) -> Any:
         return SimpleNamespace(module=SimpleNamespace(__name__=module),

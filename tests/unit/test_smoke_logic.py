@@ -4,7 +4,6 @@ image) and the pure parts of builder/smoke.py, plus its orchestration against a 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import subprocess
@@ -14,7 +13,6 @@ import textwrap
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,21 +20,14 @@ import pytest
 import ptmg_contract as contract
 from builder.engine import RunResult
 from builder.smoke import results, runner, torchrun
+from tests.support import load_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_DIR = ROOT / "smoke_tests"
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-lib = _load("ptmg_smokelib", SMOKE_DIR / "smokelib.py")
+lib = load_module("ptmg_smokelib", SMOKE_DIR / "smokelib.py")
 
 
 # --- expectations and versions ---------------------------------------------------
@@ -277,7 +268,7 @@ def test_ddp_job_args() -> None:
 
 def test_the_job_accepts_every_argument_the_runner_passes() -> None:
     # ddp_job.py parses its arguments before importing torch, so this runs without torch.
-    job = _load("ptmg_ddp_job", SMOKE_DIR / "ddp_job.py")
+    job = load_module("ptmg_ddp_job", SMOKE_DIR / "ddp_job.py")
     ns = job.parse_args(list(torchrun.ddp_job_args(step_sleep_s=0.05, timeout_s=15)))
     assert ns.out == torchrun.IN_CONTAINER_OUT and ns.timeout == 15 and ns.step_sleep == 0.05
 
