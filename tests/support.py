@@ -9,6 +9,8 @@ images.yaml say so in their names.
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,8 +20,8 @@ from typing import Any
 from builder.common.waiting import WaitTimeout, wait_until
 from builder.spec import ImageSpec, Matrix, load_matrix
 
-__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "ChunkReader", "WaitTimeout", "cell", "host_port",
-           "load_module", "small_matrix", "wait_until", "write_matrix"]
+__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "ChunkReader", "WaitTimeout", "build_py", "cell",
+           "host_port", "load_module", "small_matrix", "wait_until", "write_matrix"]
 
 ROOT = Path(__file__).resolve().parents[1]
 #: DOCKER_HOST in the unit tier (tests/unit/conftest.py): a socket that is not there.
@@ -114,3 +116,9 @@ class ChunkReader:
         n = len(self.buf) if n < 0 else n
         out, self.buf = self.buf[:n], self.buf[n:]
         return out
+
+
+def build_py(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`build.py ARGS` as a user runs it (a subprocess in the repository), `env` over this environment."""
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          check=False, timeout=timeout, env={**os.environ, **(env or {})})

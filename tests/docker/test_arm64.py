@@ -32,6 +32,7 @@ from builder.host import emulation
 from builder.smoke import passes
 from builder.spec import load_matrix
 from tests.docker.registry import LocalRegistry
+from tests.support import build_py
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = load_matrix(ROOT / "images.yaml")
@@ -47,17 +48,13 @@ def _emulation_or_fail() -> None:
         pytest.fail(f"{emu.describe()}; fix: {emulation.FIX}", pytrace=False)
 
 
-def _build_py(*argv: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *argv], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, check=False, env=env)
-
 
 @pytest.fixture(scope="module")
 def arm_image(docker_client: docker.DockerClient) -> str:
     """The arm64 cell, built once per session through `build.py build --platforms all`."""
     _emulation_or_fail()
     t0 = time.monotonic()
-    r = _build_py("build", "--only", ARM.name, "--platforms", "all", "--json", timeout=5400)
+    r = build_py("build", "--only", ARM.name, "--platforms", "all", "--json", timeout=5400)
     TIMINGS["build"] = time.monotonic() - t0
     if r.returncode != 0:
         pytest.fail(f"building {ARM.name} failed (exit {r.returncode}):\n{r.stderr[-4000:]}", pytrace=False)
@@ -75,9 +72,9 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tested(arm_image: str, state_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """`build.py test` of the arm64 cell, once: the emulated selftest and the 2-rank gloo DDP job."""
     junit = tmp_path_factory.mktemp("junit")
-    env = {**os.environ, "PTMG_STATE_DIR": str(state_dir)}
+    env = {"PTMG_STATE_DIR": str(state_dir)}
     t0 = time.monotonic()
-    r = _build_py("test", "--only", ARM.name, "--platforms", "all", "--junit-dir", str(junit), "--json",
+    r = build_py("test", "--only", ARM.name, "--platforms", "all", "--junit-dir", str(junit), "--json",
                   timeout=4200, env=env)
     TIMINGS["test"] = time.monotonic() - t0
     assert r.stdout.strip(), f"no report (exit {r.returncode}):\n{r.stderr[-4000:]}"
@@ -132,7 +129,7 @@ def test_emulated_selftest_and_two_rank_gloo_ddp_pass(tested: dict[str, Any], do
 
 
 def test_doctor_names_the_qemu_in_use() -> None:
-    r = _build_py("doctor", "--json", timeout=300)
+    r = build_py("doctor", "--json", timeout=300)
     findings = json.loads(r.stdout)
     line = next(f for f in findings if f["what"].startswith("emulation: linux/arm64"))
     assert line["level"] == "ok" and "qemu 1" in line["what"], line

@@ -19,6 +19,7 @@ from typing import IO, Any, cast
 import docker
 import pytest
 
+import ptmg_contract as contract
 from builder.engine import BuildRequest, Engine
 from builder.spec import ImageSpec, load_matrix
 from tests.support import ChunkReader, cell
@@ -75,12 +76,10 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.Doc
     assert odd == [], f"{len(odd)} venv entries outside the scheme, e.g. {odd[:5]}"
     assert out[-1] == "0", "no SSH host key may be baked into the image"
     # The cell file the native Slurm launcher's preflight reads (root's, like the rest of the prefix).
-    cell = docker_client.containers.run(built_cell.ref, entrypoint=["stat", "-c", "%U %a", "/opt/pt-multi-gpu/cell"],
-                                        remove=True,
-                                        labels={"project": "pt-multi-gpu"}).decode()
-    name = docker_client.containers.run(built_cell.ref, entrypoint=["cat", "/opt/pt-multi-gpu/cell"], remove=True,
-                                        labels={"project": "pt-multi-gpu"}).decode()
-    assert (cell.split()[:2], name) == (["root", "644"], f"{built_cell.cell}\n")
+    owner, name = docker_client.containers.run(
+        built_cell.ref, entrypoint=["sh", "-c", f"stat -c '%U %a' {contract.CELL_FILE} && cat {contract.CELL_FILE}"],
+        remove=True, labels={"project": "pt-multi-gpu"}).decode().splitlines()
+    assert (owner, name) == ("root 644", built_cell.cell)
 
 
 # ------------------------------------------------------------------ build secrets

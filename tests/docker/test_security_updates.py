@@ -9,11 +9,8 @@ session labels and is removed at the end, also on failure.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,16 +23,12 @@ import ptmg_contract as contract
 from builder.build import apt_sources
 from builder.engine import BuildRequest, Engine, find_buildkit_cli
 from builder.spec import load_matrix
-from tests.support import SEED_MATRIX, write_matrix
+from tests.support import SEED_MATRIX, build_py, write_matrix
 
 from .cellimage import ROOT, BuiltCell
 
 BUILD_TIMEOUT = 3600
 
-
-def build_py(*args: str, env: dict[str, str] | None = None, timeout: float = BUILD_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          check=False, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def as_root(client: docker.DockerClient, image: str, script: str, labels: dict[str, str]) -> str:
@@ -79,9 +72,9 @@ def test_nothing_is_pending_right_after_the_build(test_image: str, docker_client
 def test_a_second_build_is_a_no_op(built_cell: BuiltCell) -> None:
     """Right after a build, the same `build.py build` skips the cell: same matrix, same Debian.
     (The time it takes is measured in the report of #16, not asserted here.)"""
-    first = build_py("build", "--only", built_cell.cell, "--json")
+    first = build_py("build", "--only", built_cell.cell, "--json", timeout=BUILD_TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = build_py("build", "--only", built_cell.cell, "--json")
+    second = build_py("build", "--only", built_cell.cell, "--json", timeout=BUILD_TIMEOUT)
     assert second.returncode == 0, second.stderr[-3000:]
     (result,) = json.loads(second.stdout)
     assert result["status"] == "skipped", result
@@ -128,13 +121,13 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     cell = "2.7.0-cuda12.6-cudnn9-runtime"
     logs = config.parent / "logs"
     # As the archive is now: the same layers as the shared cell (built by this session or before).
-    now = build_py("build", "--config", str(config), "--only", cell, "--log-dir", str(logs), "--json")
+    now = build_py("build", "--config", str(config), "--only", cell, "--log-dir", str(logs), "--json", timeout=BUILD_TIMEOUT)
     assert now.returncode == 0, now.stderr[-3000:]
     before = docker_client.images.get(f"{repo}:{cell}").labels
     # A newer security suite (simulated: another snapshot key), nothing else changed.
     newer = f"test-newer-suite-{uuid.uuid4().hex[:8]}"
     r = build_py("build", "--config", str(config), "--only", cell, "--log-dir", str(logs), "--json",
-                 env={contract.OS_SNAPSHOT_ARG: newer})
+                 env={contract.OS_SNAPSHOT_ARG: newer}, timeout=BUILD_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     (result,) = json.loads(r.stdout)
     assert result["status"] == "built", result
