@@ -88,9 +88,12 @@ def test_compile_one_liner(compile_state: CompileState, torch: Any) -> None:
     def f(x: Any) -> Any:
         return x.sin() + 1
 
+    torch.manual_seed(0)
     x = torch.randn(4)
     got = torch.compile(f)(x)
-    assert torch.allclose(got, f(x)), (got, f(x))
+    # float32 tolerances: Inductor's vectorised sin may differ from eager's by an ulp, which near
+    # sin(x) = -1 is a large *relative* error on a tiny result (seen: 2.0981e-05 vs 2.1040e-05).
+    assert torch.allclose(got, f(x), rtol=1e-5, atol=1e-6), (got, f(x))
 
 
 def _model(torch: Any) -> Any:

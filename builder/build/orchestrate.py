@@ -158,6 +158,7 @@ class _Builder:
         files = context_files(self.cfg.root)
         lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # (#13) agrees with images.yaml
         existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
+        replaced = self.engine.image_id(spec.ref) if existing is not None else None
         snap = self.snapshots.for_base(spec.base, spec.os, spec.arch,
                                        (existing or {}).get(contract.LABEL_OS_SNAPSHOT), spec.ref)
         self._os[spec.name] = snap
@@ -196,6 +197,10 @@ class _Builder:
         image_id = self.engine.relabel(outcome.image_id, labels, spec.ref)
         if spec.latest:
             self.engine.tag(image_id, f"{spec.repository}:latest")
+        if replaced and replaced != image_id and self.engine.remove_if_untagged(replaced):
+            # A rebuild (a new Debian security release, an edit) would otherwise leave ~6 GB behind
+            # per cell as a dangling image. One still in use by a container stays.
+            log.info("%s: removed the image this build replaced (%s)", spec.name, replaced[:19])
         return CellResult(spec.name, "built", time.monotonic() - start, self.engine.image_size(spec.ref), image_id,
                           f"{outcome.builder}", log_path)
 

@@ -132,6 +132,19 @@ class Engine:
             self.client.images.remove(ref, force=True)
 
     @_translated
+    def remove_if_untagged(self, image_id: str) -> bool:
+        """Remove ``image_id`` when no tag names it any more (the image a rebuild replaced); True if
+        it went. An image that a container uses, that another image builds on, or that still has a
+        tag stays: the engine refuses those without force, and this never forces."""
+        try:
+            if self.client.images.get(image_id).tags:
+                return False
+            self.client.images.remove(image_id)
+        except (docker.errors.ImageNotFound, docker.errors.APIError):
+            return False
+        return True
+
+    @_translated
     def pull(self, ref: str, platform: str | None = None) -> str | None:
         """Pull an image (for ``platform``, e.g. linux/arm64; default the host's); the error text on
         failure, None on success."""

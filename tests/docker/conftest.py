@@ -48,7 +48,7 @@ def docker_client(session_labels: dict[str, str]) -> Iterator[docker.DockerClien
 
 
 def _remove_session_objects(client: docker.DockerClient, labels: dict[str, str]) -> None:
-    """Session finalizer: remove anything still carrying this session's label."""
+    """Session finalizer: remove anything still carrying this session's label (images too)."""
     flt = {"label": f"session={labels['session']}"}
     for c in client.containers.list(all=True, filters=flt):
         LOGGER.warning("removing leftover container %s", c.name)
@@ -59,6 +59,13 @@ def _remove_session_objects(client: docker.DockerClient, labels: dict[str, str])
     for v in client.volumes.list(filters=flt):
         LOGGER.warning("removing leftover volume %s", v.name)
         _quietly(v.remove, force=True)
+    # Images a test built (stand-ins, test-only layers) and the classic builder's intermediate images
+    # under them: newest first, so a child goes before the image it was built on. Cell images that
+    # build.py made carry the project label only, never this session's, and stay.
+    made = client.images.list(all=True, filters=flt)
+    for image in sorted(made, key=lambda i: str(i.attrs.get("Created", "")), reverse=True):
+        LOGGER.info("removing test image %s %s", image.short_id, image.tags)
+        _quietly(client.images.remove, image.id, force=True)
 
 
 def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:

@@ -133,15 +133,20 @@ class Images:
         (ctx / "a.txt").write_text(f"{uuid.uuid4()}\n")
         (ctx / "blob").write_bytes(os.urandom(blob_bytes))
         (ctx / "b.txt").write_text(f"{uuid.uuid4()}\n")
-        (ctx / "Dockerfile").write_text("FROM scratch\nCOPY a.txt /a.txt\nCOPY blob /blob\nCOPY b.txt /b.txt\n")
-        return self._build(path=str(ctx), labels=self.cell_labels(cell), ref=f"{self.repo}:{cell}")
+        (ctx / "Dockerfile").write_text(f"FROM scratch\n{_label_line(self.cell_labels(cell))}\n"
+                                        "COPY a.txt /a.txt\nCOPY blob /blob\nCOPY b.txt /b.txt\n")
+        return self._build(path=str(ctx), ref=f"{self.repo}:{cell}")
 
     def derived(self, base: str, ref: str) -> str:
         """`FROM base` plus one label, with the classic builder: a different image, same cell labels."""
-        return self._build(fileobj=io.BytesIO(f"FROM {base}\nLABEL x=y\n".encode()), labels=self.labels, ref=ref)
+        text = f"FROM {base}\n{_label_line({**self.labels, 'x': 'y'})}\n"
+        return self._build(fileobj=io.BytesIO(text.encode()), ref=ref)
 
-    def _build(self, *, labels: Mapping[str, str], ref: str, **kwargs: Any) -> str:
-        image, _ = self.client.images.build(tag=ref, labels=dict(labels), rm=True, forcerm=True, pull=False, **kwargs)
+    def _build(self, *, ref: str, **kwargs: Any) -> str:
+        # The labels are the Dockerfile's first instruction (not docker-py's labels=, which the classic
+        # builder appends one LABEL step each, sorted): every intermediate image then carries the
+        # session label, and the session's sweep (conftest.py) finds it even if this cleanup fails.
+        image, _ = self.client.images.build(tag=ref, rm=True, forcerm=True, pull=False, **kwargs)
         self.built.append(str(image.id))
         self.refs.append(ref)
         return str(image.id)
@@ -166,6 +171,10 @@ class Images:
             self.forget_refs_of(f"{host}/{NAMESPACE}/{self.repo}")
         for image_id in reversed(self.built):
             _quietly(self.client.images.remove, image_id, force=True)
+
+
+def _label_line(labels: Mapping[str, str]) -> str:
+    return "LABEL " + " ".join(f"{k}={json.dumps(v)}" for k, v in labels.items())
 
 
 def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

@@ -123,7 +123,8 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     # As the archive is now: the same layers as the shared cell (built by this session or before).
     now = build_py("build", "--config", str(config), "--only", cell, "--log-dir", str(logs), "--json", timeout=BUILD_TIMEOUT)
     assert now.returncode == 0, now.stderr[-3000:]
-    before = docker_client.images.get(f"{repo}:{cell}").labels
+    replaced = docker_client.images.get(f"{repo}:{cell}")
+    before = replaced.labels
     # A newer security suite (simulated: another snapshot key), nothing else changed.
     newer = f"test-newer-suite-{uuid.uuid4().hex[:8]}"
     r = build_py("build", "--config", str(config), "--only", cell, "--log-dir", str(logs), "--json",
@@ -146,6 +147,12 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     assert after[contract.LABEL_OS_UPDATED] >= before[contract.LABEL_OS_UPDATED]
     assert after[contract.LABEL_INPUTS_HASH] != before[contract.LABEL_INPUTS_HASH]
     assert after[contract.LABEL_RECIPE_HASH] == before[contract.LABEL_RECIPE_HASH]
+    # The image the rebuild replaced is removed (a dangling 6 GB per cell per security release
+    # otherwise), unless another tag still names it.
+    if set(replaced.tags) == {f"{repo}:{cell}"}:
+        assert not _exists(docker_client, str(replaced.id)), "the replaced image was left behind"
+    else:
+        assert _exists(docker_client, str(replaced.id)), f"{replaced.tags} still name the replaced image"
 
 
 # --- the audit of an image from an older snapshot ---------------------------------------------------

@@ -35,6 +35,7 @@ class FakeEngine:
             contract.LABEL_BASE_APT_SUITES: "bookworm bookworm-updates bookworm-security"}, "layers": ["base"]}}
         self.builds: list[BuildRequest] = []
         self.base_runs = 0
+        self.removed: list[str] = []
 
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
@@ -73,6 +74,13 @@ class FakeEngine:
                   "python": s.python, "arch_list": ["sm_80"], "os_patch": record, "os_packages": "sha256:" + "1" * 64,
                   "venv_packages": "sha256:" + "2" * 64}
         return RunResult(0, json.dumps(probed))
+
+    def remove_if_untagged(self, image_id: str) -> bool:
+        if any(ref != i["Id"] and i["Id"] == image_id for ref, i in self.images.items()):
+            return False  # a tag still names it
+        self.removed.append(image_id)
+        self.images.pop(image_id, None)
+        return True
 
     def relabel(self, image_id: str, labels: dict[str, str], ref: str) -> str:
         new = f"{image_id}-labelled"
@@ -126,8 +134,10 @@ def test_unchanged_debian_is_a_no_op_and_a_new_security_upload_is_not(spec: Imag
     # A new security upload: the next build rebuilds, with a new key for the OS layer.
     first_key = engine.builds[0].build_args[contract.OS_SNAPSHOT_ARG]
     mirror.suites["bookworm-security"] = release("bookworm-security", amd64="f" * 64)
+    replaced = engine.image_id(spec.ref)
     rebuilt = build(engine, spec, tmp_path, mirror)
     assert rebuilt.status == "built" and len(engine.builds) == 2
+    assert engine.removed == [replaced], "the image the rebuild replaced is not left dangling"
     assert engine.builds[1].build_args[contract.OS_SNAPSHOT_ARG] not in ("", first_key)
     # ... and that is again a no-op.
     assert build(engine, spec, tmp_path, mirror).status == "skipped" and len(engine.builds) == 2
