@@ -9,8 +9,12 @@ carrying this session's label are ever removed; nothing unlabelled is touched.
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker
@@ -23,6 +27,7 @@ from . import cellimage
 from .cellimage import BuiltCell
 
 LOGGER = logging.getLogger(__name__)
+ARTIFACTS = Path(os.environ.get("PTMG_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
 PROJECT_LABEL = {"project": "pt-multi-gpu"}
 ENGINE_FIX = ("no Docker engine answers. Fix: run `bash scripts/ensure-docker.sh` (starts "
               "dockerd as root on Debian), or point DOCKER_HOST at a running engine.")
@@ -75,6 +80,26 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
         pass
     except docker.errors.APIError as exc:
         LOGGER.warning("cleanup: %s", exc)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[None]:
+    """After each module: drop the build cache's layers that no image holds any more (a test's
+    throwaway image, a cell image a rebuild replaced), and note the disk in
+    test-artifacts/disk-usage.txt. Cache mounts (apt) and build contexts stay, and so does every
+    layer an image uses. The tier's images take ~40 GB on machines with 50-80 GB free; without
+    this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module."""
+    yield
+    try:
+        freed = int(docker_client.api.prune_builds(filters={"type": "regular"}).get("SpaceReclaimed") or 0)
+        free = shutil.disk_usage(docker_client.info().get("DockerRootDir") or "/").free
+    except (docker.errors.APIError, OSError) as exc:
+        LOGGER.warning("reclaiming build cache: %s", exc)
+        return
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with (ARTIFACTS / "disk-usage.txt").open("a") as f:
+        f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: freed {freed / 1e9:.1f} GB of unused "
+                f"build cache; {free / 1e9:.1f} GB free\n")
 
 
 @pytest.fixture(scope="session")

@@ -50,9 +50,19 @@ def _emulation_or_fail() -> None:
 
 
 @pytest.fixture(scope="module")
-def arm_image(docker_client: docker.DockerClient) -> str:
-    """The arm64 cell, built once per session through `build.py build --platforms all`."""
+def arm_image(docker_client: docker.DockerClient) -> Iterator[str]:
+    """The arm64 cell, built once per session through `build.py build --platforms all`.
+
+    `make images` builds no emulated cell unless asked (PLATFORMS=all), so when this module had
+    to build it, it removes it again at the end: ~6 GB a newcomer never asked for, on machines
+    where the docker tier's images already take most of the disk. One that was there before
+    (built by `make images PLATFORMS=all`) stays."""
     _emulation_or_fail()
+    try:
+        docker_client.images.get(ARM.ref)
+        was_there = True
+    except docker.errors.ImageNotFound:
+        was_there = False
     t0 = time.monotonic()
     r = build_py("build", "--only", ARM.name, "--platforms", "all", "--json", timeout=5400)
     TIMINGS["build"] = time.monotonic() - t0
@@ -60,7 +70,11 @@ def arm_image(docker_client: docker.DockerClient) -> str:
         pytest.fail(f"building {ARM.name} failed (exit {r.returncode}):\n{r.stderr[-4000:]}", pytrace=False)
     (result,) = json.loads(r.stdout)
     print(f"\n{ARM.name}: {result['status']} in {result['seconds']:.0f} s")
-    return ARM.ref
+    yield ARM.ref
+    if not was_there:
+        with contextlib.suppress(docker.errors.APIError):
+            docker_client.images.remove(ARM.ref)
+            print(f"\nremoved {ARM.ref} (built by this test; `make images PLATFORMS=all` keeps one)")
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -222,19 +221,16 @@ def test_the_classic_builder_is_refused_secrets(docker_client: docker.DockerClie
     assert seen == [] and not req.log_path.exists(), "nothing may have been sent to the builder"
 
 
-def test_unchanged_rebuild_is_skipped_fast(built_cell: BuiltCell) -> None:
+def test_unchanged_rebuild_is_skipped(built_cell: BuiltCell) -> None:
     argv = [sys.executable, str(ROOT / "build.py"), "build", "--only", built_cell.cell, "--json"]
     # Bring the image up to date first (a no-op right after the session build; with
     # PTMG_TEST_IMAGE the working tree may have moved on since that image was built).
     first = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
     assert first.returncode == 0, first.stderr
-    start = time.monotonic()
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
-    elapsed = time.monotonic() - start
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)
-    assert row["status"] == "skipped", row
-    assert elapsed < 10  # the benchmark holds the real target (< 2 s); this only guards a regression
+    assert row["status"] == "skipped", row  # how fast: bench/bench_build.py (a benchmark, not a timed test)
 
 
 def test_dry_run_builds_nothing(built_cell: BuiltCell) -> None:
