@@ -75,6 +75,12 @@ def rows(audits: Sequence[ImageAudit], sections: Mapping[str, SectionSpec]) -> l
                     cells = [f.get(c, "") for c in cols]
                     out.append([a.image, name, *cells, *[""] * (width - len(cells))])
             else:
-                text = "nothing pending" if r.status == OK else f"FAILED: {r.error.splitlines()[0] if r.error else ''}"
+                first = r.error.splitlines()[0] if r.error else ""
+                # The whole reason is logged below the table; a row keeps the table readable.
+                text = "nothing pending" if r.status == OK else f"FAILED: {_clip(first, 60)}"
                 out.append([a.image, name, text, *[""] * (width - 1)])
     return out
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 13] + "... (below)"
