@@ -73,7 +73,7 @@ test-unit: $(VENV)/.installed ## unit tests only (no Docker; seconds)
 
 test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real builds and containers
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest tests/unit tests/docker $(ARGS)
+	$(PY) -m pytest --durations=25 tests/unit tests/docker $(ARGS)
 
 clean: ## remove the venv and test artifacts (images stay; see `docker image ls pt-multi-gpu`)
 	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache

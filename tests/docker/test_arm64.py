@@ -29,6 +29,9 @@ import docker.errors
 import pytest
 
 from builder.host import emulation
+from builder.lock import model as lock_model
+from builder.lock import uvbin
+from builder.lock.store import Store, default_store
 from builder.smoke import passes
 from builder.spec import load_matrix
 from tests.docker.registry import LocalRegistry
@@ -63,6 +66,8 @@ def arm_image(docker_client: docker.DockerClient) -> Iterator[str]:
         was_there = True
     except docker.errors.ImageNotFound:
         was_there = False
+    store = Store(default_store())
+    stored_before = {f.name for f in store.path.glob("*.whl")}
     t0 = time.monotonic()
     r = build_py("build", "--only", ARM.name, "--platforms", "all", "--json", timeout=5400)
     TIMINGS["build"] = time.monotonic() - t0
@@ -75,6 +80,17 @@ def arm_image(docker_client: docker.DockerClient) -> Iterator[str]:
         with contextlib.suppress(docker.errors.APIError):
             docker_client.images.remove(ARM.ref)
             print(f"\nremoved {ARM.ref} (built by this test; `make images PLATFORMS=all` keeps one)")
+        # ... and the aarch64 wheels its build downloaded that no other cell installs (~3 GB).
+        files, size = store.prune(stored_before | _wheels_of_other_cells())
+        print(f"wheel store: removed {files} wheel(s) only the arm64 cell uses, {size / 1e9:.1f} GB")
+
+
+def _wheels_of_other_cells() -> set[str]:
+    names = {w.filename for w in uvbin.read(ROOT)[1].values()}
+    for c in MATRIX.cells:
+        if c.name != ARM.name:
+            names |= {p.wheel.filename for p in lock_model.read(lock_model.lock_path(ROOT, c.name)).packages}
+    return names
 
 
 @pytest.fixture(scope="module")
