@@ -45,6 +45,19 @@ class RootStartFailed(Exception):
     """The remap failed (exit 1); the message says what."""
 
 
+#: Variables that make the dynamic loader, glibc, Python, bash or Perl (apt and debconf run Perl as
+#: root) load code or data from where they point; any LD_* counts too. Refused when set at all.
+LOADER_VARS = frozenset({
+    "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONPYCACHEPREFIX", "PYTHONEXECUTABLE",
+    "BASH_ENV", "ENV", "PROMPT_COMMAND", "PERL5LIB", "PERLLIB", "PERL5OPT", "PERL5DB",
+})
+#: Directories root's programs take their own files from (~/.bashrc, ~/.local's user site, XDG
+#: config) or write to: allowed only where they are root's alone (runc sets HOME=/root when unset).
+DIR_VARS = ("HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "TMPDIR")
+SHARED_TMP = ("/tmp", "/var/tmp")  # sticky: a TMPDIR there is every root tool's default anyway
+
+
 def root_only(path: str) -> bool:
     """Only root can change what `path` is: it and every directory above it (links resolved)
     belong to root and are not writable by group or others (a sticky dir such as /tmp counts
@@ -75,8 +88,14 @@ def unsafe_environment(env: dict[str, str], cwd: str) -> list[str]:
             problems.append(f"PATH entry {entry or '(empty: the working directory)'} is writable by others")
     if not root_only(cwd):
         problems.append(f"the working directory {cwd} is writable by others")
-    for name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "BASH_ENV", "ENV"):
-        if env.get(name):
+    for name in DIR_VARS:  # where root's shells and tools read their own config and write temp files
+        value = env.get(name)
+        if name == "TMPDIR" and value in SHARED_TMP:
+            continue
+        if value and not (value.startswith("/") and root_only(value)):
+            problems.append(f"{name} {value} is writable by others (root's `docker exec` would use it)")
+    for name in sorted(env):
+        if env[name] and (name.startswith("LD_") or name in LOADER_VARS):
             problems.append(f"{name} is set (root's `docker exec` would use it)")
     return problems
 
@@ -130,7 +149,8 @@ def rechown(top: str, old: tuple[int, int], new: tuple[int, int], mounts: set[st
         if not into_mounts:
             dirs[:] = [d for d in dirs if os.path.join(root, d) not in mounts]
         for name in [*dirs, *files]:
-            fix(name, dir_fd)
+            if into_mounts or os.path.join(root, name) not in mounts:  # a mounted file is the host's too
+                fix(name, dir_fd)
     return changed
 
 

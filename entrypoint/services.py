@@ -61,6 +61,7 @@ _KEY_LINE = re.compile(r"(^|\s)(ssh-(ed25519|rsa|dss)|ecdsa-sha2-\S+|sk-\S+)\s+[
 _HASH = re.compile(r"^(argon2:\$argon2(id|i|d)\$.+|[a-z0-9]+:[0-9a-f]+:[0-9a-f]+)$")
 # A token travels in an HTTP header and a URL: printable ASCII, no spaces.
 _TOKEN = re.compile(r"^[\x21-\x7e]+$")
+MIN_TOKEN = 16
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ def prepare_jupyter(s: Settings, env: dict[str, str], user: RunAs, state: Path,
     hashed, hash_source = read_secret(env, "JUPYTER_PASSWORD_HASH", SECRET_HASH_FILE)
     if token is not None and not _TOKEN.match(token):
         raise ConfigError(f"{token_source}: a Jupyter token must be printable ASCII without spaces")
+    if token is not None and len(token) < MIN_TOKEN:
+        # Jupyter has no login rate limit: a short token is a shell for whoever guesses it.
+        raise ConfigError(f"{token_source}: a Jupyter token needs at least {MIN_TOKEN} characters (this one "
+                          f"has {len(token)}); make one with `openssl rand -hex 24`, or set none for a random one")
     if "JUPYTER_TOKEN" in env and not env["JUPYTER_TOKEN"].strip() and not token:
         warn("JUPYTER_TOKEN is empty; an empty token would switch auth off, so a random one is used")
     if hashed and not _HASH.match(hashed):
@@ -159,15 +164,26 @@ def prepare_tensorboard(s: Settings, env: dict[str, str], user: RunAs,
 
 # ------------------------------------------------------------------------- sshd
 def _key_lines(text: str, source: str) -> list[str]:
+    """The public keys in ``text``. What is not one is named by its line number, never shown: it may
+    be a private key given by mistake (``id_rsa`` for ``id_rsa.pub``), and logs are read by others."""
+    if "PRIVATE KEY-----" in text:
+        warn(f"{source} holds a PRIVATE key; ignored, and none of it is shown. Give the public half "
+             "(the .pub file), and treat that private key as exposed to whoever set this")
     keys = []
-    for raw in text.splitlines():
+    in_private = False
+    for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
+        if line.startswith("-----BEGIN") and "PRIVATE KEY" in line:
+            in_private = True
+        if in_private:
+            in_private = not (line.startswith("-----END") and "PRIVATE KEY" in line)
+            continue
         if not line or line.startswith("#"):
             continue
         if _KEY_LINE.search(line):
             keys.append(line)
         else:
-            warn(f"ignoring a line of {source} that is not an SSH public key: {line[:40]!r}")
+            warn(f"ignoring line {number} of {source}: not an SSH public key")
     return keys
 
 

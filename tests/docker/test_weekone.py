@@ -191,6 +191,17 @@ def test_libibverbs_loads_in_every_image(cell: str, run: TrackedContainers) -> N
     assert rc == 0 and out.strip().endswith("ok"), out
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_no_program_is_setuid_or_setgid(cell: str, run: TrackedContainers) -> None:
+    """A user who cannot become root has no su, passwd, mount, chfn... to try: no file in the image
+    keeps a setuid/setgid bit (the OS and devel layers strip them after apt). Searched as root, so
+    no directory is hidden from the search."""
+    rc, out = run.run_and_wait(["/", "-xdev", "-type", "f", "-perm", "/6000"], image=image_of(cell),
+                               entrypoint=["/usr/bin/find"], user="0", timeout=300)
+    assert rc == 0, out
+    assert out.strip() == "", f"setuid/setgid programs in {cell}:\n{out}"
+
+
 def test_start_diagnostics_warn_about_a_small_memlock_limit_with_rdma_devices(run: TrackedContainers) -> None:
     image = image_of(SEED_270)
     small = [docker.types.Ulimit(name="memlock", soft=65536, hard=65536)]

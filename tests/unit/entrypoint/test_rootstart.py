@@ -47,6 +47,19 @@ def test_the_documented_root_environment_is_safe() -> None:
     ({**SAFE, "LD_PRELOAD": "/tmp/x.so"}, "/", "LD_PRELOAD is set"),
     ({**SAFE, "PYTHONPATH": "/tmp"}, "/", "PYTHONPATH is set"),
     ({**SAFE, "BASH_ENV": "/tmp/rc"}, "/", "BASH_ENV is set"),
+    # root's `docker exec` inherits the container's HOME when one is given (-e HOME=/workspace, a
+    # common convention): bash would read pt's ~/.bashrc and python3 pt's user site as root.
+    ({**SAFE, "HOME": "/tmp"}, "/", "HOME /tmp is writable by others"),
+    # Loader and interpreter variables beyond the first list: each makes root load what pt wrote.
+    ({**SAFE, "LD_AUDIT": "/tmp/a.so"}, "/", "LD_AUDIT is set"),
+    ({**SAFE, "GCONV_PATH": "/tmp"}, "/", "GCONV_PATH is set"),
+    ({**SAFE, "LOCPATH": "/tmp"}, "/", "LOCPATH is set"),
+    ({**SAFE, "PYTHONUSERBASE": "/tmp"}, "/", "PYTHONUSERBASE is set"),
+    ({**SAFE, "PYTHONPYCACHEPREFIX": "/tmp"}, "/", "PYTHONPYCACHEPREFIX is set"),
+    ({**SAFE, "PERL5LIB": "/tmp"}, "/", "PERL5LIB is set"),  # apt's and debconf's Perl run as root
+    ({**SAFE, "PERL5OPT": "-M/tmp/x"}, "/", "PERL5OPT is set"),
+    ({**SAFE, "XDG_CONFIG_HOME": "/tmp"}, "/", "XDG_CONFIG_HOME /tmp is writable by others"),
+    ({**SAFE, "TMPDIR": "/tmp/pt-owned"}, "/", "TMPDIR /tmp/pt-owned is writable by others"),
 ])
 def test_environments_root_refuses(env: dict[str, str], cwd: str, why: str, tmp_path: Path) -> None:
     if "/opt/venv" in env["PATH"] and not Path(contract.VENV).exists():
@@ -54,6 +67,13 @@ def test_environments_root_refuses(env: dict[str, str], cwd: str, why: str, tmp_
         why = f"PATH entry {tmp_path}"
     problems = rootstart.unsafe_environment(env, cwd)
     assert any(why in p for p in problems), problems
+
+
+def test_harmless_settings_stay_allowed() -> None:
+    """What users of ML images set routinely is not refused: only what makes root load code."""
+    env = {**SAFE, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/root", "LANG": "C.UTF-8",
+           "NCCL_DEBUG": "INFO", "HF_HOME": "/tmp/hf", "TMPDIR": "/tmp"}
+    assert rootstart.unsafe_environment(env, "/") == []
 
 
 def test_start_as_root_refuses_before_touching_anything(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -128,6 +148,17 @@ def test_rechown_of_a_link_or_nothing_does_nothing(tmp_path: Path, chowns: _Chow
     assert rootstart.rechown(str(tmp_path / "link"), me, (1, 1), set(), into_mounts=True) == 0
     assert rootstart.rechown(str(tmp_path / "absent"), me, (1, 1), set(), into_mounts=True) == 0
     assert chowns.calls == []
+
+
+def test_rechown_leaves_a_mounted_file_alone(tmp_path: Path, chowns: _Chowns) -> None:
+    """A single-file bind mount (-v ~/.gitconfig:/home/pt/.gitconfig, a Kubernetes subPath) is the
+    host's file: the remap must not re-own it on the host."""
+    me = (os.getuid(), os.getgid())
+    (tmp_path / "gitconfig").write_text("x")
+    (tmp_path / "other").write_text("y")
+    mounts = {str(tmp_path / "gitconfig")}
+    assert rootstart.rechown(str(tmp_path), me, (1, 1), mounts, into_mounts=False) == 2  # top + other
+    assert str(tmp_path / "gitconfig") not in {c[0] for c in chowns.calls}
 
 
 def test_rechown_stays_out_of_mounts_unless_asked(tmp_path: Path, chowns: _Chowns) -> None:

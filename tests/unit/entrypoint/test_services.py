@@ -40,12 +40,28 @@ def test_key_lines_keeps_keys_and_skips_comments(capsys: pytest.CaptureFixture[s
     "not a key at all, but a rather long line of text",
     "ssh-ed25519 AAAAshort",  # too short to be key material
     "ssh-ed448 AAAAC3NzaC1lZDI1NTE5AAAAIHh0ZXN0a2V5",  # no such key type
-    "-----BEGIN OPENSSH PRIVATE KEY-----",  # a private key pasted by mistake
 ])
 def test_key_lines_warns_about_what_is_not_a_key(line: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert services._key_lines(f"{ED25519}\n{line}\n", "SSH_AUTHORIZED_KEYS") == [ED25519]
-    assert capsys.readouterr().err == (  # at most 40 characters of it are shown
-        f"[ptmg] WARNING: ignoring a line of SSH_AUTHORIZED_KEYS that is not an SSH public key: {line[:40]!r}\n")
+    assert capsys.readouterr().err == (  # where, never what: the line may be a secret
+        "[ptmg] WARNING: ignoring line 2 of SSH_AUTHORIZED_KEYS: not an SSH public key\n")
+
+
+#: The body of a private key (made up, the shape of `ssh-keygen -t rsa` output).
+PRIVATE = ("-----BEGIN OPENSSH PRIVATE KEY-----\n"
+           "b3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAABlwAAAAdzc2gtcn\n"
+           "NhAAAAAwEAAQAAAYEAx1pQ9kT3mZr8Y2fVb0XjL4wNqK7sHd5uE6gC1aRtBvW9oPiSlMnO\n"
+           "-----END OPENSSH PRIVATE KEY-----\n")
+
+
+def test_a_private_key_given_by_mistake_never_reaches_the_log(capsys: pytest.CaptureFixture[str]) -> None:
+    """SSH_AUTHORIZED_KEYS_FILE=~/.ssh/id_rsa instead of id_rsa.pub: no part of it may be logged
+    (docker logs and CI logs are read by others), and the warning says what to give instead."""
+    assert services._key_lines(PRIVATE + ED25519 + "\n", "SSH_AUTHORIZED_KEYS_FILE") == [ED25519]
+    err = capsys.readouterr().err
+    for body in PRIVATE.splitlines()[1:3]:
+        assert body[:12] not in err, err
+    assert "a PRIVATE key" in err and ".pub" in err and err.count("\n") == 1, err
 
 
 @pytest.fixture
@@ -171,6 +187,15 @@ def test_jupyter_refuses_a_token_that_cannot_go_into_a_header(tmp_path: Path, ju
         services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
 
 
+@pytest.mark.parametrize("token", ["abc", "letmein", "x" * 15])
+def test_jupyter_refuses_a_guessable_token(tmp_path: Path, jupyter_env: dict[str, str], token: str) -> None:
+    """Jupyter has no login rate limit: a short token on port 8888 is a shell for whoever guesses it."""
+    env = {**jupyter_env, "JUPYTER_TOKEN": token}
+    with pytest.raises(ConfigError, match=f"JUPYTER_TOKEN: a Jupyter token needs at least 16 characters "
+                                          f"\\(this one has {len(token)}\\)"):
+        services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+
+
 def test_jupyter_token_never_written_through_a_link(tmp_path: Path, jupyter_env: dict[str, str]) -> None:
     """A link (or a directory) where the token goes is replaced, its target never touched."""
     state = tmp_path / "state"
@@ -179,11 +204,11 @@ def test_jupyter_token_never_written_through_a_link(tmp_path: Path, jupyter_env:
     target.write_text("keep me\n")
     (state / "jupyter" / "token").symlink_to(target)
     (state / "jupyter" / "password-hash").mkdir()
-    env = {**jupyter_env, "JUPYTER_TOKEN": "tok", "JUPYTER_PASSWORD_HASH": "sha1:ab:cd"}
+    env = {**jupyter_env, "JUPYTER_TOKEN": "tok-0123456789abcdef", "JUPYTER_PASSWORD_HASH": "sha1:ab:cd"}
     services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), state, "/w")
     assert target.read_text() == "keep me\n"
     token = state / "jupyter" / "token"
-    assert not token.is_symlink() and token.read_text() == "tok"
+    assert not token.is_symlink() and token.read_text() == "tok-0123456789abcdef"
     assert (state / "jupyter" / "password-hash").read_text() == "sha1:ab:cd"
     assert len(list((state / "jupyter").glob(".password-hash.aside-*"))) == 1
 
@@ -194,7 +219,7 @@ def test_jupyter_secret_dir_replaced_when_it_is_a_link(tmp_path: Path, jupyter_e
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (state / "jupyter").symlink_to(elsewhere)
-    env = {**jupyter_env, "JUPYTER_TOKEN": "tok"}
+    env = {**jupyter_env, "JUPYTER_TOKEN": "tok-0123456789abcdef"}
     services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), state, "/w")
     assert list(elsewhere.iterdir()) == []
     assert (state / "jupyter").is_dir() and not (state / "jupyter").is_symlink()
