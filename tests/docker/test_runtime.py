@@ -565,7 +565,10 @@ def test_ssh_refuses_a_real_password_and_root_with_an_authorized_key(container: 
     c = container.run(environment={"JUPYTER": "off", "TENSORBOARD": "off", "SSH_AUTHORIZED_KEYS": pub},
                       ports=publish("22/tcp"))
     port = wait_ssh(c)
-    exec_ok(c, ["/bin/sh", "-c", f"echo 'pt:{PASSWORD_FOR_PT}' | /usr/sbin/chpasswd"], user="0")
+    # The image keeps no setuid program; this throwaway container gets su's bit back only so that
+    # pt can prove the password works.
+    exec_ok(c, ["/bin/sh", "-c", f"echo 'pt:{PASSWORD_FOR_PT}' | /usr/sbin/chpasswd && /bin/chmod u+s /bin/su"],
+            user="0")
     proof = c.exec_run(["/bin/sh", "-c", f"echo '{PASSWORD_FOR_PT}' | /bin/su -c 'id -un' pt"], user=contract.USER)
     assert proof.exit_code == 0 and b"pt" in proof.output, f"the password was not set: {proof.output!r}"
     # Root: the same key, in root's own authorized_keys and in the file sshd reads for %u=root.
