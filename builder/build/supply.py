@@ -15,6 +15,8 @@ The classic builder cannot bind-mount the staged wheels into a RUN; such builds 
 
 from __future__ import annotations
 
+import fcntl
+import os
 import queue
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -65,21 +67,46 @@ def lock_state(spec: ImageSpec, lock_root: Path) -> LockState:
 
 
 class Slots:
-    """One context folder per parallel build: ``.build/context-<n>``, n < jobs. Two cells never share one."""
+    """One context folder per parallel build: ``.build/context-<n>``. Two builds never share one:
+    within a process, n < jobs is handed out once at a time; across processes (two `build.py
+    build` at once, e.g. `make images` in one terminal and `--only X` in another) each folder is
+    held by an exclusive flock on ``.build/context-<n>.lock``, and a taken one is passed over for
+    the next free n (n, n + jobs, n + 2 jobs, ...). The kernel drops a dead process's lock."""
 
     def __init__(self, root: Path, jobs: int) -> None:
         self.root = root
+        self.jobs = max(1, jobs)
         self._free: queue.Queue[int] = queue.Queue()
-        for n in range(max(1, jobs)):
+        for n in range(self.jobs):
             self._free.put(n)
 
     @contextmanager
     def slot(self) -> Iterator[Path]:
         n = self._free.get()
         try:
-            yield staging.context_dir(self.root, n)
+            with self._locked_folder(n) as folder:
+                yield folder
         finally:
             self._free.put(n)
+
+    @contextmanager
+    def _locked_folder(self, n: int) -> Iterator[Path]:
+        k = n
+        while True:
+            folder = staging.context_dir(self.root, k)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder.with_name(folder.name + ".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                k += self.jobs  # another process builds in this one
+                continue
+            try:
+                yield folder
+            finally:
+                os.close(fd)  # releases the lock
+            return
 
 
 def facts(spec: ImageSpec) -> dict[str, str]:

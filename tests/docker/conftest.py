@@ -82,6 +82,29 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
         LOGGER.warning("cleanup: %s", exc)
 
 
+#: Modules that test every native cell: when the session runs one, the cells are built in the
+#: background from the start (cellimage.Prebuild), overlapping the first module.
+PREBUILD_FOR = ("test_supply.py", "test_weekone.py")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prebuild_native_cells(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[None]:
+    wanted = any(item.path.name in PREBUILD_FOR for item in request.session.items)
+    if not wanted or os.environ.get("PTMG_TEST_IMAGE"):
+        yield
+        return
+    from builder.spec import load_matrix
+
+    own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
+    cells = [c.name for c in load_matrix(cellimage.ROOT / "images.yaml").cells if not c.emulated and c.name != own]
+    cellimage.PREBUILD = cellimage.Prebuild(cells, ARTIFACTS / "prebuild.log")
+    try:
+        yield
+    finally:
+        cellimage.PREBUILD.stop()
+        cellimage.PREBUILD = None
+
+
 @pytest.fixture(scope="module", autouse=True)
 def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[None]:
     """After each module: drop the build cache's layers that no image holds any more (a test's
@@ -90,6 +113,7 @@ def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.Do
     layer an image uses. The tier's images take ~40 GB on machines with 50-80 GB free; without
     this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module."""
     yield
+    cellimage.wait_for_prebuild()  # never prune while a build is running
     try:
         freed = int(docker_client.api.prune_builds(filters={"type": "regular"}).get("SpaceReclaimed") or 0)
         free = shutil.disk_usage(docker_client.info().get("DockerRootDir") or "/").free

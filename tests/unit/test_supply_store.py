@@ -7,6 +7,8 @@ import hashlib
 import http.server
 import io
 import os
+import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -22,6 +24,7 @@ from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.net import NetConfig
 from builder.lock.store import HashMismatch, Store
 from builder.lock.target import Target
+from tests.support import ROOT
 
 SIX = b"six wheel bytes " * 100
 SIX_NAME = "six-1.17.0-py2.py3-none-any.whl"
@@ -198,6 +201,28 @@ def test_parallel_builds_never_share_a_context(tmp_path: Path) -> None:
         assert c.name in ("context-0", "context-1")
 
 
+def test_two_build_processes_never_share_a_context(tmp_path: Path) -> None:
+    """`make images` in one terminal and `build.py build --only X` in another: each process has its
+    own Slots, so the slot must be locked across processes (a flock on .build/context-<n>.lock), or
+    one would restage wheels into the context the other's BuildKit is still reading."""
+    held = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[2]);"
+         "from pathlib import Path; from builder.build import supply;"
+         "cm = supply.Slots(Path(sys.argv[1]), jobs=1).slot(); ctx = cm.__enter__();"
+         "print(ctx.name, flush=True); time.sleep(60)", str(tmp_path), str(ROOT)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout is not None
+        theirs = held.stdout.readline().strip()
+        with supply.Slots(tmp_path, jobs=1).slot() as mine:
+            assert theirs == "context-0" and mine.name != theirs, (theirs, mine)
+    finally:
+        held.kill()
+        held.wait()
+    with supply.Slots(tmp_path, jobs=1).slot() as again:  # the other process is gone: its slot is free
+        assert again.name == "context-0"
+
+
 def test_uv_binary_comes_out_of_its_wheel(tmp_path: Path) -> None:
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
@@ -208,8 +233,6 @@ def test_uv_binary_comes_out_of_its_wheel(tmp_path: Path) -> None:
 
 
 def test_the_committed_uv_lock_has_both_build_host_machines() -> None:
-    from tests.support import ROOT
-
     version, wheels = uvbin.read(ROOT)
     assert version == uvbin.UV_VERSION and set(wheels) == {"x86_64", "aarch64"}
     assert all("musllinux" in w.filename and len(w.sha256) == 64 for w in wheels.values())
