@@ -68,12 +68,17 @@ lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered D
 	$(PY) build.py lock --check
 	$(BIN)/hadolint --config .hadolint.yaml docker/*/Dockerfile
 
-test-unit: $(VENV)/.installed ## unit tests only (no Docker; seconds)
-	$(PY) -m pytest tests/unit $(ARGS)
+# The unit tier runs on every core (pytest-xdist); the docker tier in one process, in order
+# (its session fixtures build, start and remove real images, registries and clusters).
+UNIT := $(PY) -m pytest -n auto tests/unit
+
+test-unit: $(VENV)/.installed ## unit tests only (no Docker; under a minute)
+	$(UNIT) $(ARGS)
 
 test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real builds and containers
 	$(MAKE) --no-print-directory lint
-	$(PY) -m pytest --durations=25 tests/unit tests/docker $(ARGS)
+	$(UNIT) $(ARGS)
+	$(PY) -m pytest --durations=25 tests/docker $(ARGS)
 
 clean: ## remove the venv and test artifacts (images stay; see `docker image ls pt-multi-gpu`)
 	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache
