@@ -4,6 +4,7 @@ build, absent from every decompressed layer, refused by the classic builder), sk
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import json
 import os
@@ -79,6 +80,22 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.Doc
         built_cell.ref, entrypoint=["sh", "-c", f"stat -c '%U %a' {contract.CELL_FILE} && cat {contract.CELL_FILE}"],
         remove=True, labels={"project": "pt-multi-gpu"}).decode().splitlines()
     assert (owner, name) == ("root 644", built_cell.cell)
+
+
+def test_the_image_carries_the_one_contract_its_entrypoint_and_smoke_tests_import(
+        built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
+    """The contract is written once: the image's copy is this repository's file, and the
+    entrypoint's and the smoke tests' modules, imported from their installed paths, use that copy."""
+    code = ("import hashlib, sys; sys.path[:0] = [sys.argv[1], sys.argv[2], sys.argv[3]];"
+            "import ptmg_contract as c, common, smokelib;"
+            "print(c.__file__, common.contract is c, smokelib.contract is c,"
+            " hashlib.sha256(open(c.__file__, 'rb').read()).hexdigest())")
+    out = docker_client.containers.run(
+        built_cell.ref, entrypoint=["/usr/bin/python3", "-I", "-c", code, contract.PREFIX, contract.ENTRYPOINT_DIR,
+                                    contract.SMOKE_DIR],
+        remove=True, labels={"project": "pt-multi-gpu"}).decode().split()
+    ours = hashlib.sha256((ROOT / "ptmg_contract.py").read_bytes()).hexdigest()
+    assert out == [contract.CONTRACT_FILE, "True", "True", ours]
 
 
 # ------------------------------------------------------------------ build secrets
