@@ -17,7 +17,7 @@ from typing import Any
 import requests
 import websocket
 
-from tests.support import wait_until
+from tests.support import stop_process, wait_until
 
 LOCAL = "127.0.0.1"
 
@@ -78,12 +78,7 @@ class Chrome:
         return path
 
     def _stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc, grace=10)
 
     def close(self) -> None:
         try:

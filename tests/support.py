@@ -122,3 +122,15 @@ def build_py(*args: str, timeout: float, env: dict[str, str] | None = None) -> s
     """`build.py ARGS` as a user runs it (a subprocess in the repository), `env` over this environment."""
     return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, capture_output=True, text=True,
                           check=False, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float) -> None:
+    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL; reaped either way."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

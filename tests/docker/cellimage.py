@@ -31,6 +31,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support import stop_process
+
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CELL = "2.7.0-cuda12.6-cudnn9-runtime"
 
@@ -93,13 +95,7 @@ class Prebuild:
         return self.result
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, grace=60)
 
 
 PREBUILD: Prebuild | None = None
