@@ -9,6 +9,7 @@ images.yaml say so in their names.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -134,3 +135,17 @@ def stop_process(proc: subprocess.Popen[Any], grace: float) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def vendored_schema(filename: str) -> Any:
+    """A validator for a JSON schema check-jsonschema ships (GitHub workflows, the Compose
+    Specification, ...): offline, from the dev extra."""
+    try:
+        import jsonschema
+        from check_jsonschema.builtin_schemas import vendor
+    except ImportError:
+        import pytest
+
+        pytest.fail(f"check-jsonschema (dev extra) vendors {filename}: pip install -e '.[dev]'", pytrace=False)
+    schema = json.loads((Path(vendor.__file__).parent / filename).read_text())
+    return jsonschema.validators.validator_for(schema)(schema)

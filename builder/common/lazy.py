@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 
@@ -12,7 +13,10 @@ class OnFirstUse:
 
     def __init__(self, *names: str) -> None:
         self._names = names
+        self._module: ModuleType | None = None
 
     def __getattr__(self, attr: str) -> Any:
-        modules = [importlib.import_module(name) for name in self._names]
-        return getattr(modules[0], attr)
+        if self._module is None:
+            for name in reversed(self._names):  # the submodules first, the module itself last
+                self._module = importlib.import_module(name)
+        return getattr(self._module, attr)

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import requests
+
 from builder.common.lazy import OnFirstUse
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
@@ -32,11 +34,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 if TYPE_CHECKING:
     import docker
     import docker.errors
-    import requests
-else:  # the SDK (with requests, and paramiko where installed) takes ~0.3 s to import, and most runs
-    # of build.py never reach the engine (matrix, render, lock --check, launch, every bad input)
+else:  # the SDK (with paramiko, where installed) takes ~0.2 s to import, and most runs of build.py
+    # never reach the engine (matrix, render, lock --check, launch, every bad input)
     docker = OnFirstUse("docker", "docker.errors")
-    requests = OnFirstUse("requests", "requests.exceptions")
 
 
 def _translated(fn: F) -> F:

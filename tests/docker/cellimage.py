@@ -89,13 +89,13 @@ class Prebuild:
             try:
                 self.result = self.proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
-                self.stop()
                 self.result = -1
-            self._out.close()
+            self.stop()
         return self.result
 
     def stop(self) -> None:
         stop_process(self.proc, grace=60)
+        self._out.close()
 
 
 PREBUILD: Prebuild | None = None

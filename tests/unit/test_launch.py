@@ -45,7 +45,7 @@ import builder.cli.main as cli
 import ptmg_contract as contract
 from builder import launch
 from builder.launch import ImagePin, LaunchConfig, LaunchError, config, kubernetes, slurm
-from tests.support import LATEST, MID, OLD, write_matrix
+from tests.support import LATEST, MID, OLD, vendored_schema, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 CELL = MID
@@ -646,23 +646,12 @@ def test_verb_refuses_bad_input_with_exit_2(argv: list[str], message: str, matri
 # --- compose.yaml ----------------------------------------------------------------------------------------------
 
 
-def _compose_schema() -> dict[str, Any]:
-    try:
-        from check_jsonschema.builtin_schemas import vendor
-    except ImportError:
-        pytest.fail("check-jsonschema (dev extra) vendors the Compose Specification's schema: pip install -e '.[dev]'")
-    return dict(json.loads((Path(vendor.__file__).parent / "compose-spec.json").read_text()))
-
-
 def load_compose() -> dict[str, Any]:
     return dict(yaml.safe_load((ROOT / "compose.yaml").read_text()))
 
 
 def test_compose_file_is_valid_against_the_compose_spec() -> None:
-    import jsonschema
-
-    schema = _compose_schema()
-    validator = jsonschema.validators.validator_for(schema)(schema)
+    validator = vendored_schema("compose-spec.json")
     errors = sorted(validator.iter_errors(load_compose()), key=str)
     assert not errors, "\n".join(f"{list(e.absolute_path)}: {e.message}" for e in errors)
     broken = load_compose()

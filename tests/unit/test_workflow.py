@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.support import vendored_schema
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 FROM_MATRIX = "${{ fromJSON(needs.matrix.outputs.matrix) }}"
@@ -56,15 +58,7 @@ def wf() -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def github_schema() -> Any:
-    """A validator for GitHub's workflow schema, as check-jsonschema vendors it (offline)."""
-    try:
-        import jsonschema
-        from check_jsonschema.builtin_schemas import vendor
-    except ImportError:
-        pytest.fail("check-jsonschema (dev extra) vendors GitHub's workflow schema: pip install -e '.[dev]'",
-                    pytrace=False)
-    schema = json.loads((Path(vendor.__file__).parent / "github-workflows.json").read_text())
-    return jsonschema.validators.validator_for(schema)(schema)
+    return vendored_schema("github-workflows.json")
 
 
 def _schema_errors(validator: Any, text: str) -> list[str]:
