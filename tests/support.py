@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from builder.common.waiting import WaitTimeout, wait_until
 from builder.spec import ImageSpec, Matrix, load_matrix
 
-__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "ChunkReader", "WaitTimeout", "build_py", "cell",
+__all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "WaitTimeout", "build_py", "cell",
            "host_port", "load_module", "small_matrix", "wait_until", "write_matrix"]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,25 +97,6 @@ def load_module(name: str, path: Path) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-class ChunkReader:
-    """File-like over an iterator of byte chunks (docker-py's `image.save()`): tarfile's stream
-    mode needs only read()."""
-
-    def __init__(self, chunks: Iterable[bytes]):
-        self.chunks = iter(chunks)
-        self.buf = b""
-
-    def read(self, n: int = -1) -> bytes:
-        while n < 0 or len(self.buf) < n:
-            try:
-                self.buf += next(self.chunks)
-            except StopIteration:
-                break
-        n = len(self.buf) if n < 0 else n
-        out, self.buf = self.buf[:n], self.buf[n:]
-        return out
 
 
 def build_py(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 import ptmg_contract as contract
 from builder.build import apt_sources, base_image
 from builder.build.base_image import BaseError, BaseResult
+from builder.common import flock
 from builder.common.log import log
 from builder.engine import BuildkitCli, BuildRequest, Engine, find_buildkit_cli
 from builder.host import emulation
@@ -41,7 +42,14 @@ def architecture(engine: Engine, ref: str) -> str | None:
 def ensure(engine: Engine, spec: ImageSpec, mirror: str = base_image.DEFAULT_MIRROR,
            cli: BuildkitCli | None = None, security_mirror: str = apt_sources.DEFAULT_SECURITY_MIRROR) -> BaseResult:
     """Make ``spec.base_ref`` (``spec.platform``) available locally: local, else pull, else bootstrap;
-    like the host's bases, it must list the release's -updates and -security suites."""
+    like the host's bases, it must list the release's -updates and -security suites. One process
+    at a time per base on this host, as for the host's bases."""
+    with flock.exclusive(flock.lock_file("base", f"{spec.base_ref}-{spec.arch}")):
+        return _ensure(engine, spec, mirror, cli, security_mirror)
+
+
+def _ensure(engine: Engine, spec: ImageSpec, mirror: str, cli: BuildkitCli | None,
+            security_mirror: str) -> BaseResult:
     ref, arch = spec.base_ref, spec.arch
     have = architecture(engine, ref)
     if have == arch:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import ptmg_contract as contract
 from builder.build import apt_sources
+from builder.common import flock
 from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.engine import Engine
@@ -57,7 +58,13 @@ class BaseResult:
 def ensure(engine: Engine, spec: ImageSpec, mirror: str = DEFAULT_MIRROR,
            security_mirror: str = apt_sources.DEFAULT_SECURITY_MIRROR) -> BaseResult:
     """Make `spec.base` available locally, trying local, pull, then bootstrap; refuse a base
-    without the release's updates and security suites (:func:`check_sources`)."""
+    without the release's updates and security suites (:func:`check_sources`). One process at a
+    time per base on this host (:func:`flock.exclusive`): a second waits, then finds it local."""
+    with flock.exclusive(flock.lock_file("base", spec.base)):
+        return _ensure(engine, spec, mirror, security_mirror)
+
+
+def _ensure(engine: Engine, spec: ImageSpec, mirror: str, security_mirror: str) -> BaseResult:
     if engine.image_exists(spec.base):
         check_sources(engine, spec.base, spec.os)
         return BaseResult(spec.base, "local")

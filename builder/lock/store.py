@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.common.errors import StepFailed
+from builder.common.flock import cache_dir
 from builder.common.log import log
 from builder.lock.model import Wheel
 from builder.lock.net import Http, NetConfig, redact
@@ -51,8 +52,7 @@ def default_store() -> Path:
     given = os.environ.get(STORE_ENV)
     if given:
         return Path(given).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "pt-multi-gpu" / "wheels"
+    return cache_dir() / "wheels"
 
 
 def sha256_file(path: Path) -> str:

@@ -11,11 +11,10 @@ Env:
   PTMG_TEST_IMAGE  use this image instead and build nothing (fast local runs;
                    the leak scan then has no planted secrets and only checks CAs)
 
-The other native cells of images.yaml (test_supply and test_weekone test them) can be built in
-the background while the first module runs (:class:`Prebuild`, started by conftest.py): on a
-fresh CI machine that first module is the arm64 cell's emulated build, which keeps one core of
-two busy with qemu for about eight minutes. Whatever builds a cell waits for it first
-(:func:`wait_for_prebuild`), so two processes never build or bootstrap the same thing at once.
+The other native cells of images.yaml (test_supply and test_weekone test them) and the arm64
+cell are built in the background from the session's start (conftest.py, background.py), alongside
+this one: a base missing on a fresh machine is bootstrapped once (build.py holds a per-base lock
+across processes), and each build has its own context folder (.build/context-N, locked likewise).
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support import stop_process
+from tests.docker.background import Job
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CELL = "2.7.0-cuda12.6-cudnn9-runtime"
@@ -70,44 +69,30 @@ def pem_lines(path: Path) -> list[bytes]:
     return [ln for ln in lines if len(ln) >= 60 and not ln.startswith(b"-----")]
 
 
-class Prebuild:
-    """One background `build.py build --only A --only B ...` (a no-op for cells already up to date)."""
-
-    def __init__(self, cells: list[str], log: Path) -> None:
-        self.cells, self.log = cells, log
-        log.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, str(ROOT / "build.py"), "build", *[a for c in cells for a in ("--only", c)]]
-        self._out = log.open("w", encoding="utf-8")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=self._out, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, text=True)
-        self.result: int | None = None
-
-    def wait(self, timeout: float = 3600) -> int:
-        """Its exit status, once it ended. A failure is not raised here: each test's own `build.py
-        build` of a cell it needs then fails with the build's message."""
-        if self.result is None:
-            try:
-                self.result = self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.result = -1
-            self.stop()
-        return self.result
-
-    def stop(self) -> None:
-        stop_process(self.proc, grace=60)
-        self._out.close()
+#: The session's background jobs (tests/docker/background.py), by name; conftest.py starts them.
+JOBS: dict[str, Job] = {}
+NATIVE = "native cells"
+ARM64 = "arm64 cell"
 
 
-PREBUILD: Prebuild | None = None
+def busy() -> list[str]:
+    """The background jobs still running."""
+    return [name for name, job in JOBS.items() if job.running]
 
 
-def wait_for_prebuild() -> None:
-    if PREBUILD is not None and PREBUILD.wait() != 0:
-        print(f"\nbackground build of {PREBUILD.cells} failed (exit {PREBUILD.result}); see {PREBUILD.log}")
+def wait_for_native_cells() -> None:
+    """Until the background build of the other native cells ended. A failure is not raised here: each
+    test's own `build.py build` of a cell it needs then fails with the build's message."""
+    job = JOBS.get(NATIVE)
+    if job is None:
+        return
+    job.wait()
+    failed = job.failed_step()
+    if failed is not None:
+        print(f"\nbackground build of the native cells failed (exit {failed.returncode}); see {job.log}")
 
 
 def build(tmp: Path) -> BuiltCell:
-    wait_for_prebuild()  # its base bootstrap and ours must not race
     given = os.environ.get("PTMG_TEST_IMAGE")
     cell = os.environ.get("PTMG_TEST_CELL", DEFAULT_CELL)
     host_cas = sorted(Path("/usr/local/share/ca-certificates").rglob("*.crt"))

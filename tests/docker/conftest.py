@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,8 +24,10 @@ import pytest
 from docker.models.containers import Container
 from docker.models.networks import Network
 
-from . import cellimage
+from . import cellimage, layerscan
+from .background import Job, Step
 from .cellimage import BuiltCell
+from .layerscan import SavedImage
 
 LOGGER = logging.getLogger(__name__)
 ARTIFACTS = Path(os.environ.get("PTMG_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
@@ -82,27 +85,45 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
         LOGGER.warning("cleanup: %s", exc)
 
 
-#: Modules that test every native cell: when the session runs one, the cells are built in the
-#: background from the start (cellimage.Prebuild), overlapping the first module.
-PREBUILD_FOR = ("test_supply.py", "test_weekone.py")
+#: Modules that test every native cell: when the session runs one, the other native cells are
+#: built in the background from the start (background.py).
+NATIVE_FOR = ("test_supply.py", "test_weekone.py")
+#: Modules whose heavy work (the arm64 cell's emulated build and test, ~20 min of qemu) runs in the
+#: background from the session's start. They run last, so that work has the most time to finish.
+RUN_LAST = ("test_arm64.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
-def prebuild_native_cells(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[None]:
-    wanted = any(item.path.name in PREBUILD_FOR for item in request.session.items)
-    if not wanted or os.environ.get("PTMG_TEST_IMAGE"):
-        yield
-        return
+def background_work(request: pytest.FixtureRequest, docker_client: docker.DockerClient,
+                    tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    modules = {item.path.name for item in request.session.items}
+    if os.environ.get("PTMG_TEST_IMAGE"):
+        modules -= set(NATIVE_FOR)
     from builder.spec import load_matrix
 
-    own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
-    cells = [c.name for c in load_matrix(cellimage.ROOT / "images.yaml").cells if not c.emulated and c.name != own]
-    cellimage.PREBUILD = cellimage.Prebuild(cells, ARTIFACTS / "prebuild.log")
+    cells = load_matrix(cellimage.ROOT / "images.yaml").cells
+    build_py = (sys.executable, str(cellimage.ROOT / "build.py"))
+    if modules & set(NATIVE_FOR):
+        own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
+        native = [a for c in cells if not c.emulated and c.name != own for a in ("--only", c.name)]
+        cellimage.JOBS[cellimage.NATIVE] = Job(cellimage.NATIVE, [Step("build", (*build_py, "build", *native),
+                                                                        timeout=5400)],
+                                               ARTIFACTS / "background-native.log", dict(os.environ)).start()
+    if modules & set(RUN_LAST):
+        from tests.docker import test_arm64
+
+        cellimage.JOBS[cellimage.ARM64] = test_arm64.background_job(docker_client, build_py, tmp_path_factory,
+                                                                    ARTIFACTS / "background-arm64.log").start()
     try:
         yield
     finally:
-        cellimage.PREBUILD.stop()
-        cellimage.PREBUILD = None
+        for job in cellimage.JOBS.values():
+            job.stop()
+        cellimage.JOBS.clear()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -113,14 +134,19 @@ def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.Do
     layer an image uses. The tier's images take ~40 GB on machines with 50-80 GB free; without
     this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module."""
     yield
-    cellimage.wait_for_prebuild()  # never prune while a build is running
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    busy = cellimage.busy()
+    if busy:  # never prune under a running build: one that meant to reuse a record would lose it
+        with (ARTIFACTS / "disk-usage.txt").open("a") as f:
+            f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: no prune ({', '.join(busy)} still "
+                    f"building); {shutil.disk_usage('/').free / 1e9:.1f} GB free on /\n")
+        return
     try:
         freed = int(docker_client.api.prune_builds(filters={"type": "regular"}).get("SpaceReclaimed") or 0)
         free = shutil.disk_usage(docker_client.info().get("DockerRootDir") or "/").free
     except (docker.errors.APIError, OSError) as exc:
         LOGGER.warning("reclaiming build cache: %s", exc)
         return
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "disk-usage.txt").open("a") as f:
         f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: freed {freed / 1e9:.1f} GB of unused "
                 f"build cache; {free / 1e9:.1f} GB free\n")
@@ -139,6 +165,13 @@ def built_cell(docker_client: docker.DockerClient, tmp_path_factory: pytest.Temp
         pytest.fail(f"image {cell.ref!r} is not present. Fix: unset PTMG_TEST_IMAGE, or build it "
                     "(`python build.py build --only <cell>`).", pytrace=False)
     return cell
+
+
+@pytest.fixture(scope="session")
+def saved_image(built_cell: BuiltCell, docker_client: docker.DockerClient) -> SavedImage:
+    """The image under test saved and read once (layerscan.py): every blob searched for the build's
+    planted secrets, every layer's files listed."""
+    return layerscan.scan(docker_client.images.get(built_cell.ref), built_cell.markers)
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,7 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, cast
 
 import docker
 import pytest
@@ -22,9 +20,10 @@ import pytest
 import ptmg_contract as contract
 from builder.engine import BuildRequest, Engine
 from builder.spec import ImageSpec, load_matrix
-from tests.support import ChunkReader, cell
+from tests.support import cell
 
 from .cellimage import ROOT, BuiltCell
+from .layerscan import SavedImage, Scanner, chunks, decompressed
 
 
 def cell_spec(name: str) -> ImageSpec:
@@ -99,80 +98,18 @@ def test_the_image_carries_the_one_contract_its_entrypoint_and_smoke_tests_impor
 
 
 # ------------------------------------------------------------------ build secrets
-GZIP_MAGIC = b"\x1f\x8b"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
-
-
-class _Scanner:
-    """Looks for every marker in a byte stream fed in chunks (a marker may straddle two)."""
-
-    def __init__(self, markers: tuple[bytes, ...]) -> None:
-        self.markers = markers
-        self.keep = max(len(m) for m in markers)
-        self.tail = b""
-        self.found: set[bytes] = set()
-        self.bytes = 0
-
-    def feed(self, chunk: bytes) -> None:
-        window = self.tail + chunk
-        self.found |= {m for m in self.markers if m in window}
-        self.tail = window[-self.keep:]
-        self.bytes += len(chunk)
-
-
-def _decompressed(f: io.BufferedReader) -> Iterator[tuple[str, bytes]]:
-    """(format, chunk) over one blob of `docker save`, decompressed: gzip, zstd or plain, by its magic."""
-    head = f.peek(4)[:4]
-    stream: Any
-    if head.startswith(GZIP_MAGIC):
-        kind, stream = "gzip", gzip.GzipFile(fileobj=f)
-    elif head == ZSTD_MAGIC:
-        try:
-            import zstandard
-        except ImportError:
-            pytest.fail("a zstd layer and no zstandard module. Fix: pip install -e '.[dev]'", pytrace=False)
-        kind, stream = "zstd", zstandard.ZstdDecompressor().stream_reader(f)
-    else:
-        kind, stream = "plain", f
-    while chunk := stream.read(8 << 20):
-        yield kind, chunk
-
-
-
-def scan_saved_image(image: Any, markers: tuple[bytes, ...]) -> tuple[set[bytes], dict[str, int], int]:
-    """`docker save` is a tar of blobs: every layer (decompressed: gzip, zstd or plain) and the
-    config and manifests (history, labels, env). Returns (markers found, layers per format,
-    decompressed bytes scanned)."""
-    scanner = _Scanner(markers)
-    formats: dict[str, int] = {}
-    reader = ChunkReader(iter(image.save(named=True, chunk_size=8 << 20)))
-    with tarfile.open(fileobj=cast(IO[bytes], reader), mode="r|") as outer:
-        for member in outer:
-            f = outer.extractfile(member) if member.isfile() else None
-            if f is None:
-                continue
-            kinds = set()
-            for kind, chunk in _decompressed(io.BufferedReader(cast(Any, f), 1 << 20)):
-                kinds.add(kind)
-                scanner.feed(chunk)
-            scanner.tail = b""  # blobs are separate files: no marker spans two
-            layer = member.name.endswith("layer.tar") or ("/blobs/" in member.name and member.size > 1 << 16)
-            for kind in kinds if layer else ():
-                formats[kind] = formats.get(kind, 0) + 1
-    return scanner.found, formats, scanner.bytes
-
-
-def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
+def test_no_secret_in_any_layer_history_or_label(built_cell: BuiltCell, saved_image: SavedImage,
+                                                 docker_client: docker.DockerClient) -> None:
     """Every layer decompressed and scanned, then the config and history: no marker anywhere.
     The markers are real secrets of the session's build (an index URL token, proxy credentials,
     a CA made for the run) plus the host's own extra CAs."""
     assert built_cell.markers, "nothing to look for"
     image = docker_client.images.get(built_cell.ref)
-    found, formats, scanned = scan_saved_image(image, built_cell.markers)
+    formats, scanned = saved_image.formats, saved_image.scanned
     layers = len(image.attrs["RootFS"]["Layers"])
     assert sum(formats.values()) >= layers, f"scanned {formats} layer blobs, the image has {layers} layers"
     assert scanned > 1_000_000_000, f"only {scanned} bytes scanned: the layers were not read"
-    assert not found, f"secrets found in the saved image: {sorted(found)}"
+    assert not saved_image.found, f"secrets found in the saved image: {sorted(saved_image.found)}"
     history = json.dumps(image.history())
     assert not [m for m in built_cell.markers if m.decode(errors="ignore") in history]
 
@@ -191,8 +128,8 @@ def test_the_scan_finds_a_secret_in_a_compressed_layer(tmp_path: Path) -> None:
     for blob in (gzip.compress(layer.getvalue()), zstandard.ZstdCompressor().compress(layer.getvalue()),
                  layer.getvalue()):
         assert marker not in blob or blob == layer.getvalue(), "compressed, the marker is not visible as is"
-        scanner = _Scanner((marker,))
-        for _, chunk in _decompressed(io.BufferedReader(io.BytesIO(blob))):
+        scanner = Scanner((marker,))
+        for chunk in chunks(decompressed(io.BufferedReader(io.BytesIO(blob)))[1]):
             scanner.feed(chunk)
         assert scanner.found == {marker}
 

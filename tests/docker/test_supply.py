@@ -200,7 +200,7 @@ def default_images() -> dict[str, str]:
     """The real default images diff is shown on (built here when missing or stale: skip-unchanged)."""
     cells = {c.name: c.ref for c in load_matrix(ROOT / "images.yaml").cells}
     wanted = [RUNTIME_OLD, RUNTIME_NEW, DEVEL]
-    cellimage.wait_for_prebuild()
+    cellimage.wait_for_native_cells()
     r = _run([sys.executable, "build.py", "build", *[a for n in wanted for a in ("--only", n)]], timeout=7200)
     assert r.returncode == 0, r.stderr[-3000:]
     return {n: cells[n] for n in wanted}

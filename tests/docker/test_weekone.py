@@ -55,7 +55,7 @@ _built: dict[str, str] = {}
 def image_of(name: str) -> str:
     """The cell's image, built first when it is missing or its inputs changed (skip-unchanged)."""
     if name not in _built:
-        cellimage.wait_for_prebuild()
+        cellimage.wait_for_native_cells()
         r = subprocess.run([sys.executable, str(ROOT / "build.py"), "build", "--only", name, "--json"], cwd=ROOT,
                            capture_output=True, text=True, check=False)
         if r.returncode != 0:

@@ -4,6 +4,9 @@ emulation, the engine's --init for foreign images, and the tags a multi-platform
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -291,3 +294,43 @@ def test_foreign_base_local_pulled_or_refused(matrix: Matrix, monkeypatch: pytes
     with pytest.raises(BaseError, match=r"(?s)no binfmt_misc handler.*ensure-tools\.sh emulation"):
         base_foreign.ensure(engine, arm)  # type: ignore[arg-type]
     assert engine.pulls == [("arm64v8/debian:bookworm-slim", "linux/arm64")]  # pulled for its platform first
+
+
+def test_a_base_is_made_by_one_process_at_a_time(matrix: Matrix, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two build.py processes (`make images` and a `--only X`, or the test tier's background builds)
+    that both find a base missing must not both bootstrap it. While another process holds the
+    base's lock, ensure() waits without touching the engine; then it finds the base local."""
+    from builder.build import base_foreign
+    from builder.common import flock
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    arm = cell(matrix, ARM)
+    path = flock.lock_file("base", f"{arm.base_ref}-{arm.arch}")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import fcntl, os, sys, time; p = sys.argv[1];"
+         "os.makedirs(os.path.dirname(p), exist_ok=True); fd = os.open(p, os.O_RDWR | os.O_CREAT);"
+         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(path)],
+        stdout=subprocess.PIPE, text=True)
+    engine = _BaseEngine("arm64")
+    looked: list[str] = []
+    attrs = engine.image_attrs
+
+    def image_attrs(ref: str) -> dict[str, Any] | None:
+        looked.append(ref)
+        return attrs(ref)
+
+    engine.image_attrs = image_attrs  # type: ignore[method-assign]
+    done: list[str] = []
+    worker = threading.Thread(target=lambda: done.append(base_foreign.ensure(engine, arm).how),  # type: ignore[arg-type]
+                              daemon=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        worker.start()
+        worker.join(1.0)
+        assert worker.is_alive() and not looked, "ensure() went on while another process held the base's lock"
+    finally:
+        holder.kill()
+        holder.wait()
+    worker.join(30)
+    assert done == ["local"] and looked

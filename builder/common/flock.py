@@ -1,0 +1,38 @@
+"""Cross-process exclusive locks on files (``flock``): the kernel drops a dead holder's lock.
+
+For work two `build.py` processes must not do at once on one host: `make images` in one
+terminal and `build.py build --only X` in another (or the docker test tier's background
+builds) both finding a base image missing must bootstrap it once, not twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """This host's pt-multi-gpu cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pt-multi-gpu"
+
+
+def lock_file(kind: str, name: str) -> Path:
+    """``<cache>/locks/<kind>-<name>.lock``, the name made safe for a file name."""
+    return cache_dir() / "locks" / f"{kind}-{re.sub(r'[^A-Za-z0-9._-]+', '_', name)}.lock"
+
+
+@contextmanager
+def exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path`` (made if missing), waiting for another holder first."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
