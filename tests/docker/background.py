@@ -29,6 +29,7 @@ class Step:
     argv: tuple[str, ...]
     timeout: float
     env: dict[str, str] = field(default_factory=dict)
+    builds: bool = True  # it runs image builds (the tier prunes the build cache only when none does)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Job:
         self.name, self.steps, self.log, self.env, self.data = name, steps, log, env, data
         self.done: dict[str, Done] = {}
         self._proc: subprocess.Popen[str] | None = None
+        self._current: Step | None = None
         self._stopped = threading.Event()
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"background {name}", daemon=True)
@@ -64,11 +66,18 @@ class Job:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    @property
+    def building(self) -> bool:
+        """A step that builds images is running."""
+        step = self._current
+        return self.running and step is not None and step.builds
+
     def _run(self) -> None:
         for step in self.steps:
             if self._stopped.is_set():
                 break
             t0 = time.monotonic()
+            self._current = step
             proc = subprocess.Popen(list(step.argv), cwd=ROOT, env={**self.env, **step.env}, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
             self._proc = proc
@@ -88,6 +97,7 @@ class Job:
                 self._changed.notify_all()
             if done.returncode != 0:
                 break
+        self._current = None
         with self._changed:
             self._changed.notify_all()
 

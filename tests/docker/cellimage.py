@@ -75,9 +75,9 @@ NATIVE = "native cells"
 ARM64 = "arm64 cell"
 
 
-def busy() -> list[str]:
-    """The background jobs still running."""
-    return [name for name, job in JOBS.items() if job.running]
+def building() -> list[str]:
+    """The background jobs building images now."""
+    return [name for name, job in JOBS.items() if job.building]
 
 
 def wait_for_native_cells() -> None:

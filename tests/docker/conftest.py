@@ -135,7 +135,7 @@ def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.Do
     this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module."""
     yield
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    busy = cellimage.busy()
+    busy = cellimage.building()
     if busy:  # never prune under a running build: one that meant to reuse a record would lose it
         with (ARTIFACTS / "disk-usage.txt").open("a") as f:
             f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: no prune ({', '.join(busy)} still "
