@@ -16,6 +16,7 @@ import signal
 import subprocess
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,14 +46,18 @@ class Done:
 
 class Job:
     """``steps`` run in order in a background thread from :meth:`start` on; output is also written
-    to ``log`` as it ends, for the test artifacts. ``data`` is the starter's own (what it knew then)."""
+    to ``log`` as it ends, for the test artifacts. ``data`` is the starter's own (what it knew then).
+    Whatever happens in the thread (a step that cannot start, a full disk for the log), the job
+    ends with a :class:`Done` that says so and wakes every waiter: no test waits for nothing."""
 
     def __init__(self, name: str, steps: list[Step], log: Path, env: dict[str, str], data: Any = None) -> None:
         self.name, self.steps, self.log, self.env, self.data = name, steps, log, env, data
         self.done: dict[str, Done] = {}
         self._proc: subprocess.Popen[str] | None = None
         self._current: Step | None = None
+        self._finished = False
         self._stopped = threading.Event()
+        self._lock = threading.Lock()  # _stopped's check and the start of a step, against stop()
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name=f"background {name}", daemon=True)
 
@@ -64,7 +69,7 @@ class Job:
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread.is_alive() and not self._finished
 
     @property
     def building(self) -> bool:
@@ -73,40 +78,59 @@ class Job:
         return self.running and step is not None and step.builds
 
     def _run(self) -> None:
-        for step in self.steps:
-            if self._stopped.is_set():
-                break
-            t0 = time.monotonic()
-            self._current = step
-            proc = subprocess.Popen(list(step.argv), cwd=ROOT, env={**self.env, **step.env}, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-            self._proc = proc
-            try:
-                out, err = proc.communicate(timeout=step.timeout)
-                rc = proc.returncode
-            except subprocess.TimeoutExpired:
-                interrupt(proc)
-                out, err = proc.communicate()
-                rc, err = -1, f"{err}\n[background] {step.name}: past its {step.timeout:.0f} s limit, stopped"
-            done = Done(step.name, rc if not self._stopped.is_set() else -1, out, err, time.monotonic() - t0)
-            with self.log.open("a") as f:
-                f.write(f"\n== {step.name} ({' '.join(step.argv)}): exit {done.returncode} after "
-                        f"{done.seconds:.0f} s\n-- stdout\n{out}\n-- stderr\n{err}\n")
+        step: Step | None = None
+        try:
+            for step in self.steps:
+                done = self._run_step(step)
+                if done is None or done.returncode != 0:
+                    break
+        except BaseException:  # reported as the step's result, never lost with the thread
+            if step is not None and step.name not in self.done:
+                self._record(Done(step.name, -1, "", f"[background] {step.name} could not run:\n"
+                                  f"{traceback.format_exc()}", 0.0))
+        finally:
+            self._current = None
             with self._changed:
-                self.done[step.name] = done
+                self._finished = True
                 self._changed.notify_all()
-            if done.returncode != 0:
-                break
-        self._current = None
+
+    def _run_step(self, step: Step) -> Done | None:
+        t0 = time.monotonic()
+        with self._lock:
+            if self._stopped.is_set():
+                return None
+            self._current = step
+            self._proc = proc = subprocess.Popen(
+                list(step.argv), cwd=ROOT, env={**self.env, **step.env}, text=True, encoding="utf-8",
+                errors="replace", stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        try:
+            out, err = proc.communicate(timeout=step.timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            interrupt(proc)
+            try:
+                out, err = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:  # a grandchild holds the pipes: what was read is lost
+                out, err = "", ""
+            rc, err = -1, f"{err}\n[background] {step.name}: past its {step.timeout:.0f} s limit, stopped"
+        done = Done(step.name, rc if not self._stopped.is_set() else -1, out, err, time.monotonic() - t0)
+        self._record(done, step.argv)
+        return done
+
+    def _record(self, done: Done, argv: tuple[str, ...] = ()) -> None:
         with self._changed:
+            self.done[done.name] = done
             self._changed.notify_all()
+        with self.log.open("a") as f:
+            f.write(f"\n== {done.name} ({' '.join(argv)}): exit {done.returncode} after {done.seconds:.0f} s\n"
+                    f"-- stdout\n{done.stdout}\n-- stderr\n{done.stderr}\n")
 
     def step(self, name: str) -> Done | None:
         """Wait for step ``name`` to end; None when the job ended without running it (an earlier
         step failed: that step's :class:`Done` says why)."""
         limit = sum(s.timeout + 120 for s in self.steps)
         with self._changed:
-            self._changed.wait_for(lambda: name in self.done or not self._thread.is_alive(), timeout=limit)
+            self._changed.wait_for(lambda: name in self.done or self._finished, timeout=limit)
             return self.done.get(name)
 
     def failed_step(self) -> Done | None:
@@ -114,15 +138,18 @@ class Job:
 
     def wait(self) -> None:
         """Until every step ran or one failed."""
-        self._thread.join(sum(s.timeout + 120 for s in self.steps))
+        with self._changed:
+            self._changed.wait_for(lambda: self._finished, timeout=sum(s.timeout + 120 for s in self.steps))
 
     def stop(self) -> None:
-        """Stop the running step (SIGTERM, then SIGKILL: build.py removes what it started) and run
+        """Stop the running step (SIGINT, then SIGKILL: build.py removes what it started) and run
         no more."""
-        self._stopped.set()
-        if self._proc is not None:
-            interrupt(self._proc)
-        self._thread.join(120)
+        with self._lock:
+            self._stopped.set()
+            proc = self._proc
+        if proc is not None:
+            interrupt(proc)
+        self._thread.join(180)
 
 
 def interrupt(proc: subprocess.Popen[str], grace: float = 120) -> None:

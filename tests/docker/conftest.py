@@ -100,29 +100,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session", autouse=True)
 def background_work(request: pytest.FixtureRequest, docker_client: docker.DockerClient,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    modules = {item.path.name for item in request.session.items}
-    if os.environ.get("PTMG_TEST_IMAGE"):
-        modules -= set(NATIVE_FOR)
+    items = request.session.items
+    native_needed = any(item.path.name in NATIVE_FOR for item in items) and not os.environ.get("PTMG_TEST_IMAGE")
+    arm64_needed = any(item.path.name in RUN_LAST and "arm_image" in getattr(item, "fixturenames", ())
+                       for item in items)
     from builder.spec import load_matrix
+    from tests.docker import test_arm64
 
-    cells = load_matrix(cellimage.ROOT / "images.yaml").cells
     build_py = (sys.executable, str(cellimage.ROOT / "build.py"))
-    if modules & set(NATIVE_FOR):
-        own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
-        native = [a for c in cells if not c.emulated and c.name != own for a in ("--only", c.name)]
-        cellimage.JOBS[cellimage.NATIVE] = Job(cellimage.NATIVE, [Step("build", (*build_py, "build", *native),
-                                                                        timeout=5400)],
-                                               ARTIFACTS / "background-native.log", dict(os.environ)).start()
-    if modules & set(RUN_LAST):
-        from tests.docker import test_arm64
-
-        cellimage.JOBS[cellimage.ARM64] = test_arm64.background_job(docker_client, build_py, tmp_path_factory,
-                                                                    ARTIFACTS / "background-arm64.log").start()
     try:
+        if native_needed:
+            own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
+            cells = load_matrix(cellimage.ROOT / "images.yaml").cells
+            native = [a for c in cells if not c.emulated and c.name != own for a in ("--only", c.name)]
+            cellimage.JOBS[cellimage.NATIVE] = Job(
+                cellimage.NATIVE, [Step("build", (*build_py, "build", *native), timeout=5400)],
+                ARTIFACTS / "background-native.log", dict(os.environ)).start()
+        if arm64_needed:
+            cellimage.JOBS[cellimage.ARM64] = test_arm64.background_job(
+                docker_client, build_py, tmp_path_factory, ARTIFACTS / "background-arm64.log").start()
         yield
     finally:
         for job in cellimage.JOBS.values():
             job.stop()
+        arm = cellimage.JOBS.get(cellimage.ARM64)
+        if arm is not None:
+            test_arm64.clean_up(arm, docker_client)  # a no-op when its module did it
         cellimage.JOBS.clear()
 
 

@@ -55,7 +55,7 @@ def _emulation_or_fail() -> None:
         pytest.fail(f"{emu.describe()}; fix: {emulation.FIX}", pytrace=False)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ArmWork:
     """What the background job of this module knew when it started."""
 
@@ -63,6 +63,7 @@ class ArmWork:
     stored_before: set[str]  # the wheel store's files before
     state_dir: Path  # PTMG_STATE_DIR of its `build.py test` (the smoke records)
     junit_dir: Path
+    cleaned: bool = False
 
 
 def background_job(docker_client: docker.DockerClient, build_py: tuple[str, ...],
@@ -102,7 +103,7 @@ def arm_image(docker_client: docker.DockerClient) -> Iterator[str]:
     where the docker tier's images already take most of the disk. One that was there before
     (built by `make images PLATFORMS=all`) stays."""
     _emulation_or_fail()
-    job, work = _job()
+    job, _ = _job()
     done = job.step("build")
     try:
         if done is None or done.returncode != 0:
@@ -113,14 +114,26 @@ def arm_image(docker_client: docker.DockerClient) -> Iterator[str]:
         print(f"\n{ARM.name}: {result['status']} in {result['seconds']:.0f} s (background, from the session's start)")
         yield ARM.ref
     finally:
-        job.stop()  # a step still running (a test that selected no later step) ends here
-        if not work.was_there:
-            with contextlib.suppress(docker.errors.APIError):
-                docker_client.images.remove(ARM.ref)
-                print(f"\nremoved {ARM.ref} (built by this test; `make images PLATFORMS=all` keeps one)")
-            # ... and the aarch64 wheels its build downloaded that no other cell installs (~3 GB).
-            files, size = Store(default_store()).prune(work.stored_before | _wheels_of_other_cells())
-            print(f"wheel store: removed {files} wheel(s) only the arm64 cell uses, {size / 1e9:.1f} GB")
+        clean_up(job, docker_client)  # before the module's build-cache prune, which then frees its layers
+
+
+def clean_up(job: Job, docker_client: docker.DockerClient) -> None:
+    """Stop the job (a step still running ends here) and, when this session built the arm64 cell,
+    remove it and the aarch64-only wheels. Once; conftest calls it too, for a session that started
+    the job and never reached this module (a failure with -x, Ctrl-C)."""
+    job.stop()
+    work = job.data
+    if not isinstance(work, ArmWork) or work.cleaned:
+        return
+    work.cleaned = True
+    if work.was_there:
+        return
+    with contextlib.suppress(docker.errors.APIError):
+        docker_client.images.remove(ARM.ref)
+        print(f"\nremoved {ARM.ref} (built by this session; `make images PLATFORMS=all` keeps one)")
+    # ... and the aarch64 wheels its build downloaded that no other cell installs (~3 GB).
+    files, size = Store(default_store()).prune(work.stored_before | _wheels_of_other_cells())
+    print(f"wheel store: removed {files} wheel(s) only the arm64 cell uses, {size / 1e9:.1f} GB")
 
 
 def _wheels_of_other_cells() -> set[str]:

@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -88,7 +89,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 
 @pytest.fixture
 def registry(tmp_path: Path) -> Iterator[Callable[..., LocalRegistry]]:
-    """`registry(auth=None) -> LocalRegistry`, started; every one is stopped at teardown, pass or fail."""
+    """`registry(auth=None) -> LocalRegistry`, started; every one is stopped at teardown, pass or fail,
+    and its storage deleted (a real cell pushed is ~3 GB that pytest would keep in its temp folders)."""
     started: list[LocalRegistry] = []
 
     def start(auth: tuple[str, str] | None = None) -> LocalRegistry:
@@ -101,6 +103,7 @@ def registry(tmp_path: Path) -> Iterator[Callable[..., LocalRegistry]]:
     finally:
         for reg in started:
             reg.stop()
+            shutil.rmtree(reg.storage, ignore_errors=True)
 
 
 class Images:

@@ -208,6 +208,11 @@ def host_key_fingerprints(port: int) -> set[str]:
         return True
 
     wait_until(scan, 120, interval=1, what=f"the {' and '.join(HOST_KEY_TYPES)} host keys on port {port}")
+    # ... and no other kind: one scan of every type (one that times out here only hides, never adds).
+    offered = subprocess.run(["ssh-keyscan", "-T", "10", "-p", str(port), LOCAL], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+    kinds = {line.split()[1] for line in offered.splitlines() if line.strip() and not line.startswith("#")}
+    assert kinds <= {f"ssh-{kind}" for kind in HOST_KEY_TYPES}, f"unexpected host key types: {sorted(kinds)}"
     return set(found.values())
 
 
