@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,11 +106,11 @@ def build_py(*args: str, timeout: float, env: dict[str, str] | None = None) -> s
                           check=False, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def stop_process(proc: subprocess.Popen[Any], grace: float) -> None:
-    """SIGTERM, up to ``grace`` seconds to exit, then SIGKILL; reaped either way."""
+def stop_process(proc: subprocess.Popen[Any], grace: float, sig: int = signal.SIGTERM) -> None:
+    """``sig`` (SIGTERM), up to ``grace`` seconds to exit, then SIGKILL; reaped either way."""
     if proc.poll() is not None:
         return
-    proc.terminate()
+    proc.send_signal(sig)
     try:
         proc.wait(timeout=grace)
     except subprocess.TimeoutExpired:

@@ -14,11 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-
-def cache_dir() -> Path:
-    """This host's pt-multi-gpu cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "pt-multi-gpu"
+from builder.common.paths import cache_dir
 
 
 def lock_file(kind: str, name: str) -> Path:

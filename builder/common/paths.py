@@ -23,6 +23,13 @@ def _is_project(path: Path) -> bool:
     return all((path / m).exists() for m in MARKERS)
 
 
+def cache_dir() -> Path:
+    """This host's pt-multi-gpu cache folder (``$XDG_CACHE_HOME`` or ``~/.cache``): the wheel store,
+    the cross-process locks."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "pt-multi-gpu"
+
+
 @functools.cache
 def project_root() -> Path:
     """The project folder; InputError (exit 2) with the fix when there is none."""

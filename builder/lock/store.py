@@ -23,21 +23,21 @@ build contexts hold hard links to them.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.common import flock
 from builder.common.errors import StepFailed
-from builder.common.flock import cache_dir
 from builder.common.log import log
+from builder.common.paths import cache_dir
 from builder.lock.model import Wheel
 from builder.lock.net import Http, NetConfig, redact
 from builder.render.dockerfile import SOURCE_DATE_EPOCH
@@ -87,15 +87,8 @@ class Store:
         return self.path / wheel.filename
 
     # --- stamps: what was verified, and when the file looked like that ---------------------
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.path.mkdir(parents=True, exist_ok=True)
-        with (self.path / ".lock").open("a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return flock.exclusive(self.path / ".lock")
 
     def _stamps(self) -> dict[str, list[object]]:
         try:

@@ -12,6 +12,7 @@ step's own time limit.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
@@ -20,6 +21,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.support import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,12 +49,13 @@ class Done:
 
 class Job:
     """``steps`` run in order in a background thread from :meth:`start` on; output is also written
-    to ``log`` as it ends, for the test artifacts. ``data`` is the starter's own (what it knew then).
+    to ``log`` as it ends, for the test artifacts. Each step runs with this process's environment
+    and its own ``env``. ``data`` is the starter's own (what it knew then).
     Whatever happens in the thread (a step that cannot start, a full disk for the log), the job
     ends with a :class:`Done` that says so and wakes every waiter: no test waits for nothing."""
 
-    def __init__(self, name: str, steps: list[Step], log: Path, env: dict[str, str], data: Any = None) -> None:
-        self.name, self.steps, self.log, self.env, self.data = name, steps, log, env, data
+    def __init__(self, name: str, steps: list[Step], log: Path, data: Any = None) -> None:
+        self.name, self.steps, self.log, self.data = name, steps, log, data
         self.done: dict[str, Done] = {}
         self._proc: subprocess.Popen[str] | None = None
         self._current: Step | None = None
@@ -101,7 +105,7 @@ class Job:
                 return None
             self._current = step
             self._proc = proc = subprocess.Popen(
-                list(step.argv), cwd=ROOT, env={**self.env, **step.env}, text=True, encoding="utf-8",
+                list(step.argv), cwd=ROOT, env={**os.environ, **step.env}, text=True, encoding="utf-8",
                 errors="replace", stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         try:
             out, err = proc.communicate(timeout=step.timeout)
@@ -128,10 +132,14 @@ class Job:
     def step(self, name: str) -> Done | None:
         """Wait for step ``name`` to end; None when the job ended without running it (an earlier
         step failed: that step's :class:`Done` says why)."""
-        limit = sum(s.timeout + 120 for s in self.steps)
         with self._changed:
-            self._changed.wait_for(lambda: name in self.done or self._finished, timeout=limit)
+            self._changed.wait_for(lambda: name in self.done or self._finished, timeout=self._limit)
             return self.done.get(name)
+
+    @property
+    def _limit(self) -> float:
+        """The longest the whole job can take: every step's limit, and time to stop each."""
+        return sum(s.timeout + 120 for s in self.steps)
 
     def failed_step(self) -> Done | None:
         return next((d for d in self.done.values() if d.returncode != 0), None)
@@ -139,7 +147,7 @@ class Job:
     def wait(self) -> None:
         """Until every step ran or one failed."""
         with self._changed:
-            self._changed.wait_for(lambda: self._finished, timeout=sum(s.timeout + 120 for s in self.steps))
+            self._changed.wait_for(lambda: self._finished, timeout=self._limit)
 
     def stop(self) -> None:
         """Stop the running step (SIGINT, then SIGKILL: build.py removes what it started) and run
@@ -152,13 +160,7 @@ class Job:
         self._thread.join(180)
 
 
-def interrupt(proc: subprocess.Popen[str], grace: float = 120) -> None:
+def interrupt(proc: subprocess.Popen[str]) -> None:
     """SIGINT first, as Ctrl-C: build.py's cleanups run (its containers and networks are removed),
-    which SIGTERM's default would skip; SIGKILL after ``grace`` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    which SIGTERM's default would skip; SIGKILL after two minutes."""
+    stop_process(proc, grace=120, sig=signal.SIGINT)

@@ -115,7 +115,7 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
             native = [a for c in cells if not c.emulated and c.name != own for a in ("--only", c.name)]
             cellimage.JOBS[cellimage.NATIVE] = Job(
                 cellimage.NATIVE, [Step("build", (*build_py, "build", *native), timeout=5400)],
-                ARTIFACTS / "background-native.log", dict(os.environ)).start()
+                ARTIFACTS / "background-native.log").start()
         if arm64_needed:
             cellimage.JOBS[cellimage.ARM64] = test_arm64.background_job(
                 docker_client, build_py, tmp_path_factory, ARTIFACTS / "background-arm64.log").start()

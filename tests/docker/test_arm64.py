@@ -84,7 +84,7 @@ def background_job(docker_client: docker.DockerClient, build_py: tuple[str, ...]
         Step("build", (*build_py, "build", *only, "--json"), timeout=5400),
         Step("test", (*build_py, "test", *only, "--junit-dir", str(work.junit_dir), "--json"), timeout=4200,
              env={"PTMG_STATE_DIR": str(work.state_dir)}, builds=False),
-    ], log, dict(os.environ), data=work)
+    ], log, data=work)
 
 
 def _job() -> tuple[Job, ArmWork]:
