@@ -66,7 +66,7 @@ def os_gate(labels: Mapping[str, str], max_days: int, now: dt.datetime,
         return None
     found = pending()
     since = f"last brought up to date {updated} ({age:.0f} days ago)" if age is not None \
-        else "of unknown age (no io.pt-multi-gpu.os.updated label: built before #16)"
+        else f"of unknown age (no {contract.LABEL_OS_UPDATED} label: built before images recorded their OS patch level)"
     limit = f"audit.debian.max_pending_days is {max_days} (images.yaml)"
     fix = "fix: rebuild it (`make images` applies every Debian update), or publish anyway with --allow-stale-os"
     if found.error:

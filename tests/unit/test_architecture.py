@@ -4,7 +4,10 @@
 - only builder/engine talks to Docker (imports `docker`);
 - nothing outside builder/cli (and the `python -m builder` entry point) imports builder.cli:
   the stages never reach back up to the command line;
-- no module over 400 lines (the project's rule).
+- no module over 400 lines (the project's rule);
+- the label namespace (``io.pt-multi-gpu.``) is written once, in ptmg_contract.py: the code of
+  builder/, entrypoint/ and smoke_tests/ takes it from there (docs, tests and rendered files
+  may spell it out).
 
 A failure names the modules (and, for a cycle, the whole loop)."""
 
@@ -195,3 +198,57 @@ def test_no_module_is_over_400_lines() -> None:
     sizes = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in MODULES.values()}
     big = [f"{path}: {n} lines" for path, n in sorted(sizes.items()) if n > MAX_LINES]
     assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
+
+
+# --- the image contract's literals ---------------------------------------------------------------
+#: Where a label key is code: the builder on the host and what runs inside the image.
+CONTRACT_USERS = ("builder", "entrypoint", "smoke_tests")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (prose about labels, not a label)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def literals_of(path: Path, needle: str) -> list[int]:
+    """Lines of ``path`` where code spells ``needle``: a string constant (not a docstring) of a
+    Python module, or any line of another text file (a template, a shell script); never .md."""
+    if path.suffix == ".md":
+        return []
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    tree = ast.parse(text, str(path))
+    docs = _docstrings(tree)
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and needle in node.value and id(node) not in docs})
+
+
+def test_the_literal_finder_sees_code_not_prose(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text('"""io.pt-multi-gpu.cell in a docstring"""\n'
+                   '# io.pt-multi-gpu.cell in a comment\n'
+                   'A = {"io.pt-multi-gpu.cell": 1}\n'
+                   'B = f"io.pt-multi-gpu.{A}"\n', encoding="utf-8")
+    assert literals_of(mod, "io.pt-multi-gpu.") == [3, 4]
+    sh = tmp_path / "t.sh.j2"
+    sh.write_text("a\n--label io.pt-multi-gpu.x=1\n", encoding="utf-8")
+    assert literals_of(sh, "io.pt-multi-gpu.") == [2]
+
+
+def test_the_label_namespace_comes_from_the_contract() -> None:
+    import ptmg_contract as contract
+
+    needle = f"{contract.LABEL_NS}."
+    bad = [f"{path.relative_to(ROOT)}:{line}" for top in CONTRACT_USERS
+           for path in sorted((ROOT / top).rglob("*")) if path.is_file() and "__pycache__" not in path.parts
+           for line in literals_of(path, needle)]
+    assert not bad, (f"{needle!r} written as a literal (use ptmg_contract.LABEL_NS, label() or a LABEL_* "
+                     "constant):\n" + "\n".join(bad))
