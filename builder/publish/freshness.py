@@ -1,4 +1,4 @@
-"""Two publish gates of #16: an unchanged cell is not published again; a stale OS is refused.
+"""Two OS-freshness gates of publish: an unchanged cell is not published again; a stale OS is refused.
 
 - **Unchanged.** The weekly CI run rebuilds every cell fresh (``--no-cache --force``), so image
   ids always differ. What matters is what is in the image: its recipe (Dockerfile and copied
@@ -34,7 +34,7 @@ RemoteLabels = Callable[[str], tuple[dict[str, str] | None, str]]
 
 
 def identity(labels: Mapping[str, str]) -> dict[str, str] | None:
-    """The identity labels, or None when one is missing (an image from before #16 is never 'the same')."""
+    """The identity labels, or None when one is missing (an image without them is never 'the same')."""
     out = {k: labels.get(k, "") for k in IDENTITY}
     return out if all(out.values()) else None
 

@@ -1,4 +1,4 @@
-"""The GPU path before it meets a GPU (#15), with fakes: fake nvidia-smi hosts of 0, 1, 2 and 8
+"""The GPU path before it meets a GPU, with fakes: fake nvidia-smi hosts of 0, 1, 2 and 8
 GPUs, CUDA_VISIBLE_DEVICES subsets, one node and two, a scripted engine, a fake NCCL watchdog.
 
 - the rank rule (in the image: ddp_plan.plan_ranks; on the host: builder.smoke.gpus) asks for
@@ -545,7 +545,7 @@ NCCL_HANG = textwrap.dedent("""
 
     collective, phase = {collective}, {phase}
     deadlines = ddp_watchdog.hang_deadlines("nccl", collective, phase) if {job_rule} else \\
-        ddp_watchdog.Deadlines(collective, phase)  # the old rule: the watchdog at the phase limit only
+        ddp_watchdog.Deadlines(collective, phase)  # without the rule: the watchdog at the phase limit only
     dog = ddp_watchdog.Watchdog(0, deadlines.watchdog_s, poll_s=0.05)
     board = ddp_watchdog.ProgressBoard(0, 2, dog, Store({{"ptmg/progress/1": b"train:2"}}))
     dog.diagnose = board.diagnose
