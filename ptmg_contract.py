@@ -41,7 +41,7 @@ LABEL_SLURM_JOB = label("slurm-job")
 OCI_CREATED = "org.opencontainers.image.created"
 OCI_REVISION = "org.opencontainers.image.revision"
 
-# --- the OS patch level (#16) ------------------------------------------------------
+# --- the OS patch level -----------------------------------------------------------
 #: The base's apt suites, space-separated (`build.py base` writes it on a bootstrapped base).
 LABEL_BASE_APT_SUITES = label("base.apt-suites")
 #: When the OS layer last ran `apt-get upgrade` (UTC, ISO 8601), read from OS_PATCH_FILE.
@@ -58,7 +58,7 @@ LABEL_VENV_PACKAGES = label("venv.packages")
 LABEL_RECIPE_HASH = label("recipe-hash")
 #: The build arg that carries the snapshot key into the OS layer's RUN (BuildKit keys its cache on it).
 OS_SNAPSHOT_ARG = "PTMG_OS_SNAPSHOT"
-#: (#13) Where the image's SBOM is (CycloneDX JSON: every Debian package and Python distribution).
+#: Where the image's SBOM is (CycloneDX JSON: every Debian package and Python distribution).
 LABEL_SBOM = label("sbom")
 
 # --- paths in the image -----------------------------------------------------------
@@ -70,7 +70,7 @@ CELL_FILE = f"{PREFIX}/cell"
 #: The OS patch level, written by the OS layer's RUN (imagebuild/os-patch-level.sh): `key: value`
 #: lines (updated, snapshot, suite), root's; the build reads it into the io.pt-multi-gpu.os.* labels.
 OS_PATCH_FILE = f"{PREFIX}/os-patch-level"
-#: (#13) The SBOM, written at build time from inside the image (imagebuild/sbom.py): CycloneDX 1.5 JSON
+#: The SBOM, written at build time from inside the image (imagebuild/sbom.py): CycloneDX 1.5 JSON
 #: listing every Debian package and every Python distribution (name, version, purl, the lock's sha256,
 #: license where the metadata says) and the image's torch/CUDA/cuDNN/NCCL. Root's, 0644.
 SBOM_FILE = f"{PREFIX}/sbom.cdx.json"

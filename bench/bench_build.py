@@ -3,11 +3,11 @@
     flock /tmp/ptmg-docker.lock .venv/bin/python bench/bench_build.py [--cell 2.7.0-cuda12.6-cudnn9-runtime]
         [--skip-cold] [--repro]
 
-Figures (targets from the issues; every figure of one run comes from that run):
+Figures (targets are the project's requirements; every figure of one run comes from that run):
   1. no-op rebuild of the native default matrix                  < 2 s, nothing rebuilt
   2. the pip floor: `pip download` + `pip install` of the cell's top-level requirements into a
      fresh venv in a container of the cell's image, empty cache (no Docker build at all)
-  3. before (#13): the torch and tools RUNs as the Dockerfile had them (pip download + pip
+  3. before locked installs: the torch and tools RUNs as the Dockerfile had them (pip download + pip
      install, cold: no wheel cache), on the cell's own OS layer: BuildKit's step times
   4. after, cold: `build.py build --force --no-cache` with an EMPTY wheel store: the whole build
      (fetch, context transfer, every layer, export, probe)    <= 1.0x the floor (2)
@@ -151,7 +151,7 @@ BENCH_TOKEN = "ptmg-bench-before"
 
 
 def pip_run(reqs: list[str], spec: ImageSpec, cache_id: str, *, venv: bool) -> str:
-    """A venv RUN as the Dockerfile had it before #13 (pip download into a wheelhouse in a cache mount, pip
+    """A venv RUN as the Dockerfile had it before locked installs (pip download into a wheelhouse in a cache mount, pip
     install from it); the cache mount is this run's own, so it starts empty (cold) as in a fresh CI run."""
     quoted = " ".join(f'"{r}"' for r in reqs)
     cache = f"--mount=type=cache,id={cache_id},target=/tmp,uid={contract.UID},gid={contract.GID},sharing=locked"
@@ -311,7 +311,7 @@ def main() -> None:
             b = before(spec, tag)
         finally:
             run([DOCKER, "image", "rm", "-f", tag])
-        out.append(f"| 3. before (#13): pip torch RUN / tools RUN, cold | {b.get('torch', 0):.1f} s / "
+        out.append(f"| 3. before locked installs: pip torch RUN / tools RUN, cold | {b.get('torch', 0):.1f} s / "
                    f"{b.get('tools', 0):.1f} s | |")
         prune_own_records(started)
         need_disk(7, "the cold build")

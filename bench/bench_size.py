@@ -1,5 +1,5 @@
 """Image sizes, where the bytes go, and what torch.compile's toolchain costs against what the
-venv trim saves (#12). Prints a markdown report (paste into BENCHMARKS.md).
+venv trim saves. Prints a markdown report (paste into BENCHMARKS.md).
 
     .venv/bin/python bench/bench_size.py                       # every default cell that is built
     .venv/bin/python bench/bench_size.py --cell 2.7.0-cuda12.6-cudnn9-runtime \\

@@ -1,7 +1,7 @@
 #!/bin/sh
 # os-patch-level.sh FILE
 #
-# The OS patch level of the image (#16), written at the end of the OS layer's RUN, right after
+# The OS patch level of the image, written at the end of the OS layer's RUN, right after
 # `apt-get update && apt-get upgrade`: when the upgrade ran, the snapshot key the host passed as
 # the build arg PTMG_OS_SNAPSHOT (the layer's cache key: builder/build/os_snapshot.py), and each
 # suite apt read with its Release date, from apt's own lists. `build.py build` reads FILE into the

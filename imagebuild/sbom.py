@@ -1,4 +1,4 @@
-"""Write the image's SBOM from inside the image, at build time (#13): CycloneDX 1.5 JSON.
+"""Write the image's SBOM from inside the image, at build time: CycloneDX 1.5 JSON.
 
     /usr/bin/python3 -I sbom.py SBOM_INPUT_JSON VENV OUT
 

@@ -8,7 +8,7 @@
 # It only ever rewrites files made by this RUN: a stamp file (VENV/.ptmg-slim-stamp), touched
 # when it ends, marks the end of the previous trim, and strip/hardlink look only at files whose
 # inode changed after it. So it must be the last thing an installing RUN does to the venv
-# (_after-install.j2: after the chmod g+w of #11, which changes inodes too). Touching a file of a
+# (_after-install.j2: after the root boundary's chmod g+w, which changes inodes too). Touching a file of a
 # lower layer would copy it up into this one (a 300 MB libtriton.so twice); deleting one only
 # leaves a whiteout, so deletions are not restricted.
 #

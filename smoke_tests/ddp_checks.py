@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+import ddp_bench
+import ddp_plan
 import run_ddp
-import smokelib
 from smokelib import SmokeConfig
 
 Job = tuple[run_ddp.Launch, dict[str, Any] | None, str]
@@ -42,7 +43,7 @@ def skip_or_fail(smoke: SmokeConfig, why: str) -> None:
 def need_two_ranks(job: Job, smoke: SmokeConfig) -> dict[str, Any]:
     """The result, when it had >= 2 ranks; else skip (or fail) with the reason."""
     r = _result(job)
-    why = smokelib.single_rank_reason(int(r["world_size"]), str(r["backend"]))
+    why = ddp_plan.single_rank_reason(int(r["world_size"]), str(r["backend"]))
     if why:
         skip_or_fail(smoke, why)
     return r
@@ -93,7 +94,7 @@ def check_tensorboard_events(job: Job, smoke: SmokeConfig) -> None:
 def check_busbw_table(job: Job, smoke: SmokeConfig) -> None:
     r = need_two_ranks(job, smoke)
     bench = r["bench"]
-    assert bench["warmup"] >= smokelib.BENCH_WARMUP and bench["iters"] >= smokelib.BENCH_ITERS, bench
+    assert bench["warmup"] >= ddp_bench.BENCH_WARMUP and bench["iters"] >= ddp_bench.BENCH_ITERS, bench
     rows = r["busbw"]
     assert rows, f"no all-reduce bandwidth measured (sizes skipped for time: {bench['skipped_sizes']})"
     for row in rows:
@@ -105,9 +106,9 @@ def check_busbw_table(job: Job, smoke: SmokeConfig) -> None:
 
 def check_verdict(job: Job, smoke: SmokeConfig) -> None:
     r = _result(job)
-    assert r["verdict"] != smokelib.FAILED, f"the job's checks: {r['checks']}"
-    if r["verdict"] != smokelib.PASSED:
-        why = smokelib.single_rank_reason(int(r["world_size"]), str(r["backend"]))
+    assert r["verdict"] != ddp_plan.FAILED, f"the job's checks: {r['checks']}"
+    if r["verdict"] != ddp_plan.PASSED:
+        why = ddp_plan.single_rank_reason(int(r["world_size"]), str(r["backend"]))
         skip_or_fail(smoke, f"DDP {r['verdict']}: {why}" if why else f"DDP {r['verdict']}: {r['checks']}")
 
 

@@ -27,7 +27,7 @@ Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
 rank exits non-zero when a check fails. A hung collective fails in bounded time:
 ``init_process_group(timeout=...)`` bounds gloo/NCCL waits and a per-rank
 watchdog names the stuck rank and phase, then exits 124. On NCCL the watchdog's
-deadline is set below the collective timeout (smokelib.hang_deadlines): torch's
+deadline is set below the collective timeout (ddp_watchdog.hang_deadlines): torch's
 NCCL watchdog would otherwise abort the process first, naming no rank.
 
 Works with torch 2.0.1 and newer: it uses no API newer than that.
@@ -47,7 +47,9 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import smokelib
+import ddp_bench
+import ddp_plan
+import ddp_watchdog
 
 DEFAULT_OUT = "/workspace/runs/ddp-smoke"
 HOST_BYTES = 64
@@ -79,10 +81,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "capped below --timeout, so the job names the stuck rank before torch aborts)")
     p.add_argument("--bench-sizes", default="auto",
                    help=f"all-reduce message sizes for the bus bandwidth table ('' to skip; auto: "
-                        f"{smokelib.GPU_BENCH_SIZES} on NCCL, {smokelib.CPU_BENCH_SIZES} on gloo)")
-    p.add_argument("--bench-iters", type=int, default=smokelib.BENCH_ITERS,
+                        f"{ddp_bench.GPU_BENCH_SIZES} on NCCL, {ddp_bench.CPU_BENCH_SIZES} on gloo)")
+    p.add_argument("--bench-iters", type=int, default=ddp_bench.BENCH_ITERS,
                    help="timed iterations per size (default %(default)s, as nccl-tests)")
-    p.add_argument("--bench-warmup", type=int, default=smokelib.BENCH_WARMUP,
+    p.add_argument("--bench-warmup", type=int, default=ddp_bench.BENCH_WARMUP,
                    help="warm-up iterations per size (default %(default)s, as nccl-tests)")
     p.add_argument("--fault", choices=("none", "hang", "crash"), default="none",
                    help="inject a fault on --fault-rank at --fault-step (for tests)")
@@ -95,8 +97,8 @@ def log(rank: int, msg: str) -> None:
     print(f"PTMG_DDP rank {rank}: {msg}", flush=True)
 
 
-class Progress(smokelib.ProgressBoard):
-    """smokelib.ProgressBoard on the job's c10d store (torchrun's rendezvous store)."""
+class Progress(ddp_watchdog.ProgressBoard):
+    """ddp_watchdog.ProgressBoard on the job's c10d store (torchrun's rendezvous store)."""
 
     def attach(self) -> None:
         try:  # private but stable since torch 1.x
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    dog = smokelib.Watchdog(rank, args.phase_timeout)
+    dog = ddp_watchdog.Watchdog(rank, args.phase_timeout)
     progress = Progress(rank, world_size, dog)
     dog.diagnose = progress.diagnose
     dog.start()
@@ -178,14 +180,14 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
         if backend == "nccl" and local_rank >= gpus:
             raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({gpus} visible): NCCL needs one "
                                f"GPU per rank; run at most {gpus} rank(s) per node")
-        index = smokelib.device_index(local_rank, gpus)
+        index = ddp_plan.device_index(local_rank, gpus)
         torch.cuda.set_device(index)
         device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
         torch.set_num_threads(1)  # N ranks share the host's cores
     # NCCL: the job's watchdog fires before torch's NCCL watchdog would abort the process.
-    deadlines = smokelib.hang_deadlines(backend, args.timeout, args.phase_timeout)
+    deadlines = ddp_watchdog.hang_deadlines(backend, args.timeout, args.phase_timeout)
     progress.dog.phase("start", deadlines.watchdog_s)
 
     mark = progress.mark
@@ -296,18 +298,19 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     allreduce_exact = ints_ok and floats_ok and max_ok
 
     # -- all-reduce bandwidth by message size, the nccl-tests way
-    busbw, skipped_sizes, sizes = bench(args, dist, torch, device, backend, world_size, deadlines, mark)
+    busbw, skipped_sizes, sizes = ddp_bench.measure(args, dist, torch, device, backend, world_size,
+                                                      deadlines.watchdog_s, mark)
 
     # -- every rank's verdict, so one bad rank fails them all
     mark("verdict")
-    decreased = smokelib.loss_decreased(losses)
-    checks = smokelib.ddp_checks(world_size, backend, loss_decreased=decreased, params_identical=params_identical,
+    decreased = ddp_plan.loss_decreased(losses)
+    checks = ddp_plan.ddp_checks(world_size, backend, loss_decreased=decreased, params_identical=params_identical,
                                  allreduce_exact=allreduce_exact,
                                  busbw_measured=bool(busbw) if sizes and len(skipped_sizes) < len(sizes) else None)
-    mine = torch.tensor([int(smokelib.FAILED not in checks.values())], dtype=torch.int64, device=device)
+    mine = torch.tensor([int(ddp_plan.FAILED not in checks.values())], dtype=torch.int64, device=device)
     dist.all_reduce(mine, op=dist.ReduceOp.MIN)
     ok = bool(mine.item())
-    verdict = smokelib.ddp_verdict(checks, world_size, backend) if ok else smokelib.FAILED
+    verdict = ddp_plan.ddp_verdict(checks, world_size, backend) if ok else ddp_plan.FAILED
 
     if rank == 0:
         mark("write-result")
@@ -346,7 +349,7 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "result.json"), "w") as fh:
             json.dump(result, fh, indent=2)
-        print(smokelib.RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
+        print(ddp_plan.RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
 
     mark("destroy")
     dist.barrier()
@@ -355,57 +358,6 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
         sys.stderr.write(f"PTMG_DDP rank {rank}: checks failed ({checks})\n")
         return 2
     return 0
-
-
-def bench(args: argparse.Namespace, dist: Any, torch: Any, device: Any, backend: str, world_size: int,
-          deadlines: smokelib.Deadlines, mark: Any) -> tuple[list[dict[str, float]], list[int], list[int]]:
-    """(rows, sizes skipped for time, sizes asked) of the all-reduce bus bandwidth table.
-
-    Per size, as all_reduce_perf: ``--bench-warmup`` all-reduces, then ``--bench-iters`` timed
-    ones between two device syncs; each rank's mean time per iteration is gathered, the table
-    gives the average over ranks (and the slowest). A size whose warm-ups say it would not finish
-    within half the watchdog's deadline is skipped on every rank (decided together), never timed
-    with fewer iterations. Nothing is measured at world size 1 (busbw would be 0).
-    """
-    sizes = smokelib.bench_sizes(args.bench_sizes, backend)
-    if world_size < 2:
-        return [], [], sizes
-    cuda = device.type == "cuda"
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    rows: list[dict[str, float]] = []
-    skipped: list[int] = []
-    budget = deadlines.watchdog_s / 2
-    for i, nbytes in enumerate(sizes):
-        mark("bench", i)
-        buf = torch.zeros(max(1, nbytes // 4), dtype=torch.float32, device=device)
-        sync()
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(args.bench_warmup):  # connections, allocator, NCCL's channels
-            dist.all_reduce(buf)
-        sync()
-        estimate = torch.tensor([(time.perf_counter() - t0) / max(1, args.bench_warmup)], dtype=torch.float64,
-                                device=device)
-        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)  # every rank takes the same decision
-        if not smokelib.bench_fits(float(estimate.item()), args.bench_iters, budget):
-            skipped.append(nbytes)
-            continue
-        dist.barrier()
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(args.bench_iters):
-            dist.all_reduce(buf)
-        sync()
-        mine = torch.tensor([(time.perf_counter() - t0) / args.bench_iters], dtype=torch.float64, device=device)
-        every = [torch.zeros_like(mine) for _ in range(world_size)]
-        dist.all_gather(every, mine)
-        rows.append(smokelib.busbw_row(buf.numel() * 4, [float(t.item()) for t in every], world_size))
-        del buf
-    return rows, skipped, sizes
 
 
 if __name__ == "__main__":

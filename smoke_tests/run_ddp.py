@@ -5,7 +5,7 @@
     python run_ddp.py --backend gloo --device cuda --nproc 2   # 2 gloo ranks on one GPU
     python run_ddp.py --script seeds/seed_003_simplenet_ddp.py
 
-The ranks follow smokelib.plan_ranks: one NCCL rank per visible GPU (fewer when
+The ranks follow ddp_plan.plan_ranks: one NCCL rank per visible GPU (fewer when
 asked; more are clamped: NCCL refuses two ranks on one GPU), else 2 gloo ranks.
 torchrun's agent checks every local rank's exit code; this wrapper adds a hard
 timeout that kills the whole process group, so a hang can't outlive it.
@@ -26,7 +26,7 @@ from typing import NamedTuple
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-import smokelib  # noqa: E402
+import ddp_plan  # noqa: E402
 
 DDP_JOB = os.path.join(HERE, "ddp_job.py")
 
@@ -49,9 +49,9 @@ def visible_gpus() -> int:
 
 
 def choose(nproc: int | None, backend: str = "auto", device: str = "auto",
-           gpus: int | None = None) -> smokelib.RankPlan:
+           gpus: int | None = None) -> ddp_plan.RankPlan:
     """The ranks, backend and device for this node (``gpus``: default, what torch sees)."""
-    return smokelib.plan_ranks(nproc, visible_gpus() if gpus is None else gpus, backend, device)
+    return ddp_plan.plan_ranks(nproc, visible_gpus() if gpus is None else gpus, backend, device)
 
 
 def torchrun_argv(nproc: int, script: str, script_args: Sequence[str]) -> list[str]:

@@ -13,10 +13,10 @@ import os
 
 import pytest
 
+import ddp_plan
 import run_ddp
-import smokelib
 from ddp_checks import CHECKS, Job, skip_or_fail, tail
-from smokelib import SmokeConfig
+from smokelib import SmokeConfig, contract
 
 pytestmark = pytest.mark.ddp
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.ddp
 def ddp_job(smoke: SmokeConfig) -> Job:
     out = os.path.join(smoke.out, "ddp")
     launch = run_ddp.launch(smoke.nproc, script_args=["--out", out], timeout=smoke.ddp_timeout)
-    return launch, smokelib.find_result(launch.output), out
+    return launch, ddp_plan.find_result(launch.output), out
 
 
 @pytest.mark.parametrize("check", list(CHECKS))
@@ -41,11 +41,11 @@ def test_gloo_cuda_two_ranks_on_one_gpu(smoke: SmokeConfig, gpu_count: int) -> N
                     "NCCL runs across them above)")
     launch = run_ddp.launch(2, backend="gloo", device="cuda", timeout=smoke.ddp_timeout,
                             script_args=["--out", os.path.join(smoke.out, "gloo-cuda")])
-    r = smokelib.find_result(launch.output)
+    r = ddp_plan.find_result(launch.output)
     assert launch.returncode == 0 and r is not None, f"exit {launch.returncode}:\n{tail(launch)}"
     assert (r["world_size"], r["backend"], r["device"]) == (2, "gloo", "cuda:0"), r
     assert r["params_identical"] and r["allreduce_exact"] and r["loss_decreased"], r["checks"]
-    assert r["verdict"] == smokelib.PASSED, r["checks"]
+    assert r["verdict"] == ddp_plan.PASSED, r["checks"]
 
 
 def test_hang_fails_fast_and_names_the_rank(smoke: SmokeConfig) -> None:
@@ -64,7 +64,7 @@ def test_hang_fails_fast_and_names_the_rank(smoke: SmokeConfig) -> None:
     assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{tail(launch)}"
     assert launch.returncode != 0, "a hung rank went unnoticed"
     assert launch.seconds < 90, f"took {launch.seconds:.0f}s to fail"
-    assert f"{smokelib.contract.DDP_STUCK_MARKER}1," in launch.output, (
+    assert f"{contract.DDP_STUCK_MARKER}1," in launch.output, (
         f"the stuck rank was not named:\n{tail(launch)}")
 
 
@@ -73,7 +73,7 @@ def test_nccl_hang_names_the_rank(smoke: SmokeConfig, gpu_count: int) -> None:
     (20 s here) without naming anyone. The job's watchdog (15 s: below it) must fire first,
     name rank 1 and exit 124."""
     if gpu_count < 2:
-        skip_or_fail(smoke, f"needs two GPUs ({gpu_count} visible): {smokelib.ONE_GPU_SKIP}")
+        skip_or_fail(smoke, f"needs two GPUs ({gpu_count} visible): {ddp_plan.ONE_GPU_SKIP}")
     launch = run_ddp.launch(
         2, backend="nccl",
         script_args=["--out", os.path.join(smoke.out, "hang-nccl"), "--fault", "hang",
@@ -83,6 +83,6 @@ def test_nccl_hang_names_the_rank(smoke: SmokeConfig, gpu_count: int) -> None:
     )
     assert not launch.timed_out, f"the hang outlived the job's own timeouts:\n{tail(launch)}"
     assert launch.returncode != 0, "a hung rank went unnoticed"
-    assert f"{smokelib.contract.DDP_STUCK_MARKER}1," in launch.output, (
+    assert f"{contract.DDP_STUCK_MARKER}1," in launch.output, (
         f"the stuck rank was not named (did torch's NCCL watchdog abort first?):\n{tail(launch)}")
     assert "exiting 124" in launch.output, f"the job's watchdog did not fire:\n{tail(launch)}"

@@ -100,6 +100,15 @@ def load_module(name: str, path: Path) -> ModuleType:
     return module
 
 
+def smoke_module(name: str) -> ModuleType:
+    """An in-image module of smoke_tests/ as the image imports it: by its bare name (smokelib,
+    ddp_plan, run_ddp, ...), with smoke_tests/ on sys.path, where its siblings find each other."""
+    folder = str(ROOT / "smoke_tests")
+    if folder not in sys.path:
+        sys.path.insert(0, folder)
+    return load_module(name, ROOT / "smoke_tests" / f"{name}.py")
+
+
 def build_py(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`build.py ARGS` as a user runs it (a subprocess in the repository), `env` over this environment."""
     return subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, capture_output=True, text=True,

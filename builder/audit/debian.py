@@ -1,10 +1,10 @@
-"""Pending Debian security updates of an image, against the live security suite (#16).
+"""Pending Debian security updates of an image, against the live security suite.
 
 The image's own apt runs in a throwaway container as root (``--user 0``: the image's user is
 pt), with the image's own sources: ``apt-get update`` from the mirror, then
 ``apt-get -s dist-upgrade`` (a simulation: nothing is installed, and the container is removed).
 An image that does not list its release's security suite gets it added in that container
-(``PTMG_DEBIAN_SECURITY_MIRROR``, default deb.debian.org), so an image made before #16 is still
+(``PTMG_DEBIAN_SECURITY_MIRROR``, default deb.debian.org), so an image whose base lacks that suite is still
 audited against the live suite. Every ``Inst`` line from a ``*-security`` origin is a finding:
 package, installed version, fixed version. Needs nothing but the Debian mirror.
 

@@ -1,4 +1,4 @@
-"""Known vulnerabilities of Python distributions, from OSV-format advisories (#13).
+"""Known vulnerabilities of Python distributions, from OSV-format advisories.
 
 Three sources, each answering "which advisories affect NAME==VERSION" (or not answering at all):
 

@@ -1,4 +1,4 @@
-"""The ``python`` section of `build.py audit` (#13): each cell's lock against known vulnerabilities.
+"""The ``python`` section of `build.py audit`: each cell's lock against known vulnerabilities.
 
 What is audited: every distribution in the cell's lock (``locks/<cell>/pylock.toml``: the exact set
 the image installs, pip included), or, for an image given by reference (``--image REF``), the
@@ -144,7 +144,7 @@ def lock_packages(lock_root: Path, cell: str) -> list[Key]:
 
 
 def sbom_packages(engine: Engine, ref: str) -> list[Key] | None:
-    """The pypi components of an image's SBOM; None when it has none (built before #13)."""
+    """The pypi components of an image's SBOM; None when it has none (built before images carried one)."""
     r = engine.run(ref, [contract.SBOM_FILE], entrypoint=["/bin/cat"], timeout=120)
     if r.exit_code != 0:
         return None
@@ -163,7 +163,7 @@ def run(engine: Engine, target: Target) -> SectionResult:
         got = sbom_packages(engine, target.ref)
         if got is None:
             return SectionResult(SECTION, FAILED, error=f"{target.ref} has no SBOM at {contract.SBOM_FILE} (built "
-                                 "before #13) and no cell lock: rebuild it, or audit its cell")
+                                 "before images carried one) and no cell lock: rebuild it, or audit its cell")
         packages = got
     return audit_packages(target.cell or target.ref, packages, s)
 

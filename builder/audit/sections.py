@@ -1,5 +1,5 @@
 """The sections `build.py audit` can run, by name, in report order. A new audit (e.g. the venv's
-packages against OSV: ``python``, #13) adds its :class:`~builder.audit.report.SectionSpec` here."""
+packages against OSV: ``python``) adds its :class:`~builder.audit.report.SectionSpec` here."""
 
 from __future__ import annotations
 

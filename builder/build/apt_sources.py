@@ -4,7 +4,7 @@ Docker's official ``debian:<release>-slim`` images list three suites in
 ``/etc/apt/sources.list.d/debian.sources`` (deb822): the release and ``<release>-updates``
 from the main mirror, and ``<release>-security`` from the security mirror. debootstrap
 writes only ``deb <mirror> <release> main``, so an image made from its output never gets
-a security fix published after the last point release (#16). :func:`debian_sources`
+a security fix published after the last point release. :func:`debian_sources`
 writes the official file; :func:`missing_suites` checks any base's sources.
 """
 
@@ -40,7 +40,7 @@ def required_suites(release: str) -> tuple[str, str, str]:
 def debian_sources(release: str, mirror: str, security_mirror: str = DEFAULT_SECURITY_MIRROR) -> str:
     """The deb822 file the official debian:<release> image has, for these mirrors."""
     return (
-        "# Like Docker's official debian images (written by `build.py base`, #16): the release,\n"
+        "# Like Docker's official debian images (written by `build.py base`): the release,\n"
         "# its -updates and its -security suites.\n"
         "Types: deb\n"
         f"URIs: {mirror}\n"
@@ -104,6 +104,6 @@ def missing_suites(sources: Iterable[Source], release: str) -> list[str]:
 def fix_text(base: str, release: str, missing: list[str]) -> str:
     """The message for a base without the security or updates suite, with the fix."""
     return (f"base image {base} lacks {', '.join(missing)} in its apt sources: no build on it ever gets "
-            f"a security fix published after {release}'s last point release (#16).\n"
+            f"a security fix published after {release}'s last point release.\n"
             f"  fix: `python build.py base --rebootstrap --only <a cell on {base}>` (bootstraps it again with the "
             "official image's sources: main, updates and security), or `docker pull` the official image")

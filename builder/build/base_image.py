@@ -3,7 +3,7 @@
 Air-gapped and registry-less sites can still build: `build.py base` runs
 debootstrap, trims the result the way Docker's official -slim images are
 trimmed, gives it the official image's apt sources (the release, -updates and
--security: #16), and imports it under the exact name the Dockerfiles use. Labels
+-security), and imports it under the exact name the Dockerfiles use. Labels
 record how it was made and which suites it lists.
 
 Every base, bootstrapped, pulled or already here, must list those three suites:

@@ -1,5 +1,5 @@
 """What decides an image, hashed: the rendered Dockerfile, every file the build copies, the base,
-and the state of the Debian archive the OS layer upgrades from (#16, builder/build/os_snapshot.py).
+and the state of the Debian archive the OS layer upgrades from (builder/build/os_snapshot.py).
 
 An image carries this hash as a label; a build whose inputs hash matches the existing
 image is skipped (``make images`` twice is a no-op; after a new security release it is not).
@@ -36,7 +36,7 @@ def inputs_hash(dockerfile: str, files: Sequence[Path], base_id: str, root: Path
                 lock: str = "") -> str:
     """sha256 of everything that decides the image: Dockerfile, copied files (path, mode, bytes), base,
     the OS snapshot key (the Debian archive's state the OS layer upgrades from) and the cell's lock
-    (#13: the lock file's digest and the uv that installs from it; the staged wheels are that lock's)."""
+    (the lock file's digest and the uv that installs from it; the staged wheels are that lock's)."""
     h = hashlib.sha256()
     h.update(b"dockerfile\0" + dockerfile.encode() + b"\0base\0" + base_id.encode() + b"\0")
     if os_snapshot:

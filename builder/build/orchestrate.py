@@ -1,6 +1,6 @@
 """Build orchestration: inputs hash, skip-unchanged, parallel builds, probe, labels, summary.
 
-The flow for one cell: hash its inputs (with the Debian archive's state, #16); if an image
+The flow for one cell: hash its inputs (with the Debian archive's state); if an image
 with that hash exists, skip.
 Else make sure the base exists, build (BuildKit, or the classic builder), run
 the built image once to read what is really installed, fail on any mismatch
@@ -49,9 +49,9 @@ class BuildConfig:
     mirror: str = base_image.DEFAULT_MIRROR
     dry_run: bool = False
     source: str = "images.yaml"
-    #: The Debian archive's state per release (#16); None: read from the mirrors (and PTMG_OS_SNAPSHOT).
+    #: The Debian archive's state per release; None: read from the mirrors (and PTMG_OS_SNAPSHOT).
     os_snapshots: Snapshots | None = None
-    #: (#13) Where locks/ is (None: root); the host's wheel store (None: PTMG_WHEEL_STORE or the default).
+    #: Where locks/ is (None: root); the host's wheel store (None: PTMG_WHEEL_STORE or the default).
     lock_root: Path | None = None
     wheel_store: Path | None = None
 
@@ -81,7 +81,7 @@ class _Builder:
         self.snapshots = cfg.os_snapshots or Snapshots(cfg.mirror, environ=os.environ)
         self._os: dict[str, Snapshot] = {}  # cell -> the snapshot its OS layer is keyed on
         self._sources_ok: set[str] = set()  # base image ids whose apt sources passed the check
-        self.slots = supply.Slots(cfg.root, cfg.jobs)  # (#13) one build context folder per parallel build
+        self.slots = supply.Slots(cfg.root, cfg.jobs)  # one build context folder per parallel build
         self.net = supply.net_config(cfg.build_env)
 
     def cli(self) -> BuildkitCli | None:
@@ -113,7 +113,7 @@ class _Builder:
                                secrets, log_path, no_cache,
                                platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform)
             snap = self._os.get(spec.name)
-            if snap is not None and snap.key:  # the OS layer's cache key (#16); never in the Dockerfile
+            if snap is not None and snap.key:  # the OS layer's cache key; never in the Dockerfile
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
             return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
 
@@ -156,7 +156,7 @@ class _Builder:
             # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
             log.info("%s: rendered %s", spec.name, dockerfile)
         files = context_files(self.cfg.root)
-        lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # (#13) agrees with images.yaml
+        lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # the lock agrees with images.yaml
         existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
         replaced = self.engine.image_id(spec.ref) if existing is not None else None
         snap = self.snapshots.for_base(spec.base, spec.os, spec.arch,
@@ -173,7 +173,7 @@ class _Builder:
         if self.cli() is None:
             return CellResult(spec.name, "failed", message=supply.CLASSIC_REFUSAL)
         self._check_sources(spec.base_ref, spec.os)
-        with self.slots.slot() as context:  # (#13) verified wheels + copied files, this build's alone
+        with self.slots.slot() as context:  # verified wheels + copied files, this build's alone
             supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
                            self.cfg.wheel_store)
             outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, context)

@@ -1,4 +1,4 @@
-"""The state of a Debian release's archive: the OS layer's cache key and part of the inputs hash (#16).
+"""The state of a Debian release's archive: the OS layer's cache key and part of the inputs hash.
 
 Every build runs `apt-get upgrade` in the OS layer. For that layer to be rebuilt when Debian
 publishes fixes, and only then, the host reads each suite the image lists (the release,

@@ -85,7 +85,7 @@ def check_probe(spec: ImageSpec, probed: dict[str, object]) -> list[str]:
 
 
 def patch_labels(probed: dict[str, object], recipe: str) -> dict[str, str]:
-    """The patch-level labels (#16): from the OS layer's own record and the probe's package hashes."""
+    """The patch-level labels: from the OS layer's own record and the probe's package hashes."""
     raw = probed.get("os_patch")
     record: dict[str, list[str]] = {str(k): [str(x) for x in v] for k, v in raw.items()
                                     if isinstance(v, list)} if isinstance(raw, dict) else {}

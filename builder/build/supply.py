@@ -1,4 +1,4 @@
-"""The build's side of #13: check a cell's lock, fill the wheel store, stage the build context.
+"""The build's side of locked installs: check a cell's lock, fill the wheel store, stage the build context.
 
 For one cell, in order (orchestrate.py calls these):
 

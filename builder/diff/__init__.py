@@ -1,4 +1,4 @@
-"""Stage: `build.py diff A B` (#13): what changed between two images (cells or image references).
+"""Stage: `build.py diff A B`: what changed between two images (cells or image references).
 
 :mod:`builder.diff.facts` reads each image once (labels and layers from the engine; Debian
 packages, Python distributions and every directory's size from one throwaway container);

@@ -8,12 +8,13 @@ from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
+import ptmg_contract as contract
 from builder.diff.facts import ImageFacts
 
 #: Directory changes smaller than this are noise (du block rounding, pyc timestamps).
 MIN_DIR_DELTA = 1 << 20
 #: Labels that always differ between two builds and say nothing about the contents.
-VOLATILE_LABELS = frozenset({"org.opencontainers.image.created", "io.pt-multi-gpu.inputs-hash"})
+VOLATILE_LABELS = frozenset({contract.OCI_CREATED, contract.LABEL_INPUTS_HASH})
 
 
 def packages(a: Mapping[str, str], b: Mapping[str, str]) -> dict[str, list[dict[str, str]]]:

@@ -103,7 +103,7 @@ class Engine:
 
     @_translated
     def image_history(self, ref: str) -> list[dict[str, Any]]:
-        """`docker history` of ``ref``, oldest layer first: Id, Created, CreatedBy, Size (bytes), Tags (#13)."""
+        """`docker history` of ``ref``, oldest layer first: Id, Created, CreatedBy, Size (bytes), Tags."""
         return [dict(h) for h in reversed(self.client.api.history(ref))]
 
     def host_arch(self) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 
 import yaml
 
+import ptmg_contract as contract
 from builder.launch.config import CONTAINER, FILENAMES, LaunchConfig, LaunchError
 from builder.smoke.torchrun import torchrun_argv
 
@@ -18,10 +19,10 @@ def _meta(cfg: LaunchConfig, name: str) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if cfg.namespace:
         meta["namespace"] = cfg.namespace
-    meta["labels"] = {**cfg.labels, "io.pt-multi-gpu.cell": cfg.cell}
-    annotations = {"io.pt-multi-gpu.image": cfg.image.tag_ref}
+    meta["labels"] = {**cfg.labels, contract.LABEL_CELL: cfg.cell}
+    annotations = {contract.label("image"): cfg.image.tag_ref}
     if cfg.image.image_id:
-        annotations["io.pt-multi-gpu.image-id"] = cfg.image.image_id
+        annotations[contract.label("image-id")] = cfg.image.image_id
     meta["annotations"] = annotations
     return meta
 
@@ -108,7 +109,7 @@ def pytorchjob(cfg: LaunchConfig) -> dict[str, Any]:
                          script_args=cfg.script()[1:], rdzv_endpoint="$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
                          rdzv_id=cfg.name)
     ports = [{"name": "pytorchjob-port", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
-    template = {"metadata": {"labels": {**cfg.labels, "io.pt-multi-gpu.cell": cfg.cell}},
+    template = {"metadata": {"labels": {**cfg.labels, contract.LABEL_CELL: cfg.cell}},
                 "spec": pod_spec(cfg, argv, ports=ports)}
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
     if cfg.nodes > 1:
@@ -155,7 +156,7 @@ def jobset(cfg: LaunchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
         "completions": cfg.nodes,
         "completionMode": "Indexed",
         "backoffLimit": 0,
-        "template": {"metadata": {"labels": {**cfg.labels, "io.pt-multi-gpu.cell": cfg.cell}},
+        "template": {"metadata": {"labels": {**cfg.labels, contract.LABEL_CELL: cfg.cell}},
                      "spec": pod_spec(cfg, argv, extra_env=[node_rank], ports=ports)},
     }
     js = {

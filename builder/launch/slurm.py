@@ -84,6 +84,7 @@ def render_slurm(cfg: LaunchConfig) -> str:
         shm_size=cfg.shm_size,
         docker_env=" ".join(f"-e {k}" for k in passed),
         cell_file=contract.CELL_FILE,
+        job_label=contract.LABEL_SLURM_JOB,
         cell_q=shlex.quote(cfg.cell),
         torch=cfg.torch or "(any version)",
         torch_test=" || ".join(f'compgen -G "{g}"' for g in native_torch_globs(cfg)),

@@ -1,4 +1,4 @@
-"""Stage: locked, hash-checked installs (#13).
+"""Stage: locked, hash-checked installs.
 
 - :mod:`builder.lock.target`: what a cell's lock must hold (its requirements per layer) and for
   which target (Python, ``<arch>-manylinux_2_<glibc>``), and which of a package's wheels that

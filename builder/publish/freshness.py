@@ -1,4 +1,4 @@
-"""Two publish gates of #16: an unchanged cell is not published again; a stale OS is refused.
+"""Two OS-freshness gates of publish: an unchanged cell is not published again; a stale OS is refused.
 
 - **Unchanged.** The weekly CI run rebuilds every cell fresh (``--no-cache --force``), so image
   ids always differ. What matters is what is in the image: its recipe (Dockerfile and copied
@@ -34,7 +34,7 @@ RemoteLabels = Callable[[str], tuple[dict[str, str] | None, str]]
 
 
 def identity(labels: Mapping[str, str]) -> dict[str, str] | None:
-    """The identity labels, or None when one is missing (an image from before #16 is never 'the same')."""
+    """The identity labels, or None when one is missing (an image without them is never 'the same')."""
     out = {k: labels.get(k, "") for k in IDENTITY}
     return out if all(out.values()) else None
 
@@ -66,7 +66,7 @@ def os_gate(labels: Mapping[str, str], max_days: int, now: dt.datetime,
         return None
     found = pending()
     since = f"last brought up to date {updated} ({age:.0f} days ago)" if age is not None \
-        else "of unknown age (no io.pt-multi-gpu.os.updated label: built before #16)"
+        else f"of unknown age (no {contract.LABEL_OS_UPDATED} label: built before images recorded their OS patch level)"
     limit = f"audit.debian.max_pending_days is {max_days} (images.yaml)"
     fix = "fix: rebuild it (`make images` applies every Debian update), or publish anyway with --allow-stale-os"
     if found.error:

@@ -1,4 +1,4 @@
-"""The #16 gates wired to the real world: the registry's labels and the Debian audit of an image.
+"""The OS-freshness gates wired to the real world: the registry's labels and the Debian audit of an image.
 
 builder/publish/freshness.py decides (pure); this module gives the Publisher the two callables
 (`unchanged`, `os_gate`) that fetch what those decisions need.

@@ -12,7 +12,7 @@ The order, for the selected cells:
    - anything else (401/403, 429, 5xx, network, a 404 that is not a registry's) -> the cell fails;
      transient faults are retried with exponential backoff and jitter first.
    After each push the manifest is read back; its Docker-Content-Digest must be the push's digest.
-   Before that, two gates of #16 (builder/publish/freshness.py): a cell whose image is the one
+   Before that, two OS-freshness gates (builder/publish/freshness.py): a cell whose image is the one
    its floating tag already holds (same recipe, Debian and venv packages) is skipped ("unchanged
    since <date>"; --publish-unchanged pushes it anyway), and one with Debian security updates
    pending longer than images.yaml's audit.debian.max_pending_days is refused (--allow-stale-os).
@@ -125,8 +125,8 @@ class Publisher:
         self.sleep = sleep
         self.rng = rng
         self.on_event = on_event
-        self.unchanged = unchanged  # (#16) "unchanged since <date>" when the registry holds this image
-        self.os_gate = os_gate  # (#16) why the image's OS patch level is refused, or None
+        self.unchanged = unchanged  # "unchanged since <date>" when the registry holds this image
+        self.os_gate = os_gate  # why the image's OS patch level is refused, or None
 
     def _r(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -298,7 +298,7 @@ class Publisher:
             self._log_result(res)
 
     def _gates(self, cells: Sequence[_Cell]) -> None:
-        """#16: skip cells the registry already holds (by recipe and packages); refuse a stale OS."""
+        """The OS-freshness gates: skip cells the registry already holds (by recipe and packages); refuse a stale OS."""
         for c in cells:
             if c.tags is None:
                 continue

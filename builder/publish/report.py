@@ -44,7 +44,7 @@ class CellReport:
     tags: list[TagResult] = field(default_factory=list)
     error: str = ""
     notes: list[str] = field(default_factory=list)
-    unchanged_since: str = ""  # (#16) the registry already holds this image: nothing pushed, nothing moved
+    unchanged_since: str = ""  # the registry already holds this image: nothing pushed, nothing moved
 
     @property
     def immutable_ok(self) -> bool:

@@ -1,4 +1,4 @@
-"""#13 in `build.py publish`: the Python vulnerability gate, and the SBOM beside the report.
+"""Locked installs in `build.py publish`: the Python vulnerability gate, and the SBOM beside the report.
 
 - **Gate.** Before anything of a cell is pushed, its Python distributions are audited
   (builder/audit/python.py): the image's own SBOM (what is really in it), else the cell's lock.
@@ -103,7 +103,8 @@ def write_extras(engine: Engine, report_dir: Path, cells: Sequence[ImageSpec], r
             if spec.name in ids else {}
         if not labels.get(contract.LABEL_SBOM):
             if spec.name in ids:
-                log.warning("%s: its image carries no SBOM (built before #13); none beside the report", spec.name)
+                log.warning("%s: its image carries no SBOM (built before images carried one); none beside the report",
+                            spec.name)
             continue
         r = engine.run(ids[spec.name], [contract.SBOM_FILE], entrypoint=["/bin/cat"], timeout=120)
         if r.exit_code != 0:

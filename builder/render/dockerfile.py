@@ -112,7 +112,7 @@ def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
     return tuple(sorted(reqs))
 
 
-#: (#13) What `build.py build` stages in the build context (builder/lock/staging.py), the same paths for
+#: What `build.py build` stages in the build context (builder/lock/staging.py), the same paths for
 #: every cell: the static uv, one folder of locked wheels and one install lock per installing layer,
 #: the SBOM's input. The venv RUNs install from these only.
 WHEELHOUSE = "wheelhouse"

@@ -1,7 +1,7 @@
 """Which GPUs the host runner hands its containers, and how many ranks each runs (pure, plus
 one ``nvidia-smi`` call that tests replace with a fake).
 
-The rule is the one the image applies inside (smoke_tests/smokelib.plan_ranks): one NCCL rank
+The rule is the one the image applies inside (smoke_tests/ddp_plan.plan_ranks): one NCCL rank
 per visible GPU, fewer only when asked, more clamped (NCCL refuses two ranks on one GPU); no
 GPU: 2 CPU ranks over gloo. "Visible" on the host means what ``nvidia-smi`` lists, narrowed by
 ``CUDA_VISIBLE_DEVICES`` when it is set (a runner that owns a subset of a shared node), with

@@ -47,7 +47,7 @@ class BenchSettings:
 #: What a run can claim. A run at world size 1 moved no byte between ranks: never "passed".
 PASSED, FAILED = "passed", "failed"
 SKIPPED_ONE_GPU, SKIPPED_ONE_RANK = "skipped (one GPU)", "skipped (one rank)"
-ONE_GPU_REASON = "one GPU, NCCL transport not exercised"  # smoke_tests/smokelib.ONE_GPU_SKIP
+ONE_GPU_REASON = "one GPU, NCCL transport not exercised"  # smoke_tests/ddp_plan.ONE_GPU_SKIP
 ONE_RANK_REASON = "one rank, no transport exercised"
 
 

@@ -2,10 +2,10 @@
 vulnerabilities before `build.py publish` refuses it. One section per audit of `build.py audit`::
 
     audit:
-      debian:                  # pending Debian security updates (builder/audit/debian.py, #16)
+      debian:                  # pending Debian security updates (builder/audit/debian.py)
         max_pending_days: 14   # refuse an image whose OS layer was brought up to date longer ago,
                                # when updates are pending now; 0 = refuse any pending update
-      python:                  # each cell's lock against OSV advisories (#13, builder/audit/python.py)
+      python:                  # each cell's lock against OSV advisories (builder/audit/python.py)
         fail_on: any           # the lowest severity publish refuses: any (also unrated) | low | medium |
                                # high | critical
         allow:                 # known vulnerabilities publish accepts, each with a reason and an expiry
@@ -36,7 +36,7 @@ SECTION_KEYS: Mapping[str, tuple[str, ...]] = {
     "debian": ("max_pending_days",),
     "python": ("fail_on", "allow"),
 }
-#: (#13) Severities, lowest first; audit.python.fail_on is one of these or "any" (also unrated ones).
+#: Severities, lowest first; audit.python.fail_on is one of these or "any" (also unrated ones).
 SEVERITIES: tuple[str, ...] = ("low", "medium", "high", "critical")
 FAIL_ON: tuple[str, ...] = ("any", *SEVERITIES)
 ALLOW_KEYS: tuple[str, ...] = ("id", "package", "cells", "reason", "expires")

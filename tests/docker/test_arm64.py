@@ -1,4 +1,4 @@
-"""arm64 cells on an x86 host, for real (#14): the base and the cell built under qemu emulation,
+"""arm64 cells on an x86 host, for real: the base and the cell built under qemu emulation,
 torch's CUDA in the emulated container, the emulated selftest and 2-rank gloo DDP, the doctor's
 emulation line, and a publish of one tag with two platforms (a manifest list) to a real registry.
 
@@ -231,7 +231,7 @@ def standins(tmp_path: Path, docker_client: docker.DockerClient,
                                                                   f"\nrepository: {repo}\n"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PTMG_REGISTRY")}
     env |= {"PTMG_STATE_DIR": str(tmp_path / "state"), "DOCKER_CONFIG": str(tmp_path / "docker-config"),
-            # (#13) publish's vulnerability gate: the tests' offline OSV snapshot (no live source here)
+            # publish's vulnerability gate: the tests' offline OSV snapshot (no live source here)
             "PTMG_OSV_DIR": str(ROOT / "tests" / "fixtures" / "osv")}
     try:
         for spec in (AMD, ARM):
@@ -257,7 +257,7 @@ def test_publish_one_tag_with_two_platforms(standins: tuple[str, Path, dict[str,
             r = subprocess.run([sys.executable, str(ROOT / "build.py"), "publish", "--config", str(config),
                                 "--only", AMD.name, "--only", ARM.name, "--registry", f"{reg.host}/ns",
                                 "--report-dir", str(out), "--json",
-                                "--allow-stale-os"],  # stand-ins FROM scratch have no OS for #16's gate to audit
+                                "--allow-stale-os"],  # stand-ins FROM scratch have no OS for the OS-freshness gate to audit
                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900, check=False)
             report = json.loads((out / "publish-report.json").read_text())
             report["rc"], report["stderr"] = r.returncode, r.stderr

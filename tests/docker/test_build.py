@@ -66,7 +66,7 @@ def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.Doc
                                     "ls /etc/ssh/ssh_host_* 2>/dev/null | wc -l"],
         remove=True, labels={"project": "pt-multi-gpu"}).decode().split()
     assert out[:5] == ["1000", "1000", "pt", "pt", "users:2775"]
-    # The venv scheme of #11: everything in it in the group, group-writable, every directory setgid
+    # The root boundary's venv scheme: everything in it in the group, group-writable, every directory setgid
     # (pip as pt after a PT_UID/PT_GID remap goes through the group; nothing is ever re-owned).
     odd = docker_client.containers.run(
         built_cell.ref, entrypoint=["find", "/opt/venv", "(", "!", "-group", "users", "-o", "!", "-type", "l", "!",

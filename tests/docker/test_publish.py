@@ -62,7 +62,7 @@ def config_file(tmp_path_factory: pytest.TempPathFactory, repo_name: str) -> Pat
     assert "\nrepository: pt-multi-gpu\n" in text
     path = tmp_path_factory.mktemp("config") / "images.yaml"
     data = yaml.safe_load(text.replace("\nrepository: pt-multi-gpu\n", f"\nrepository: {repo_name}\n"))
-    # One image per tag here: a cell's other platforms (one manifest list, #14) are tests/docker/test_arm64.py's.
+    # One image per tag here: a cell's other platforms (one manifest list) are tests/docker/test_arm64.py's.
     data["include"] = [c for c in data["include"] if c.get("platform", "linux/amd64") == "linux/amd64"]
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
@@ -79,7 +79,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     state = tmp_path / "state"
     monkeypatch.setenv("PTMG_STATE_DIR", str(state))
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
-    # (#13) publish's vulnerability gate reads the tests' offline OSV snapshot (no live source here)
+    # publish's vulnerability gate reads the tests' offline OSV snapshot (no live source here)
     monkeypatch.setenv("PTMG_OSV_DIR", str(ROOT / "tests" / "fixtures" / "osv"))
     for var in ("PTMG_REGISTRY", "PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD", "PTMG_REGISTRY_PASSWORD_FILE",
                 "PTMG_CONFIG", "PTMG_PUSH_ATTEMPTS"):
@@ -228,7 +228,7 @@ def publish(config_file: Path, tmp_path: Path, env: dict[str, str]) -> Callable[
         report_dir = tmp_path / f"report-{next(counter)}"
         argv = [sys.executable, str(ROOT / "build.py"), "publish", "--config", str(config_file), "--only", cell,
                 "--registry", f"{reg.host}/{NAMESPACE}", "--report-dir", str(report_dir), "--json", *args]
-        if toy:  # the small stand-in images have no OS for #16's freshness gate to audit (a real cell: toy=False)
+        if toy:  # the small stand-in images have no OS for the OS-freshness gate to audit (a real cell: toy=False)
             argv.append("--allow-stale-os")
         t0 = time.monotonic()
         p = subprocess.run(argv, cwd=ROOT, env={**env, **(extra_env or {})}, capture_output=True, text=True,

@@ -28,7 +28,7 @@ Passes only if no payload ran as uid 0, no root-owned file under /opt /etc /usr 
 dir), no root-only marker became readable by pt, pt cannot signal or hard-link root's
 things, and the attack was armed (every planting worked, every payload recorded a run).
 
-It fails against the image before #11 (2.7.0-cuda12.6-cudnn9-runtime from 1e80d55, image
+It fails against the image before the root boundary (2.7.0-cuda12.6-cudnn9-runtime from 1e80d55, image
 bba3c813; run of 2026-12-01, 106 s): 3 failed, 3 passed. 21 distinct payloads ran as uid 0, 172
 runs: dirname and ssh-keygen at every start, setpriv at every service start and restart (for
 uid 1000 and 4242), groupmod/usermod in the remap, nvidia-smi in the diagnostics; on `docker

@@ -1,4 +1,4 @@
-"""#16 on real images: the release's security suite in every default image, nothing pending right
+"""Security updates on real images: the release's security suite in every default image, nothing pending right
 after a build, a second build a no-op, a newer security suite rebuilds from the OS layer (wheels
 from the cache), and `build.py audit` lists what an image from an older snapshot lacks.
 
@@ -53,7 +53,7 @@ def test_every_default_image_lists_the_security_suite(docker_client: docker.Dock
         found = apt_sources.parse_sources(text)
         assert apt_sources.missing_suites(found, c.os) == [], f"{c.ref}:\n{text}"
         labels = docker_client.images.get(c.ref).labels
-        assert labels.get(contract.LABEL_OS_UPDATED), f"{c.ref} has no patch-level label (built before #16?)"
+        assert labels.get(contract.LABEL_OS_UPDATED), f"{c.ref} has no patch-level label (built before images recorded one?)"
         assert f"{c.os}-security@" in labels.get(contract.LABEL_OS_SUITES, ""), labels
 
 
@@ -71,7 +71,7 @@ def test_nothing_is_pending_right_after_the_build(test_image: str, docker_client
 
 def test_a_second_build_is_a_no_op(built_cell: BuiltCell) -> None:
     """Right after a build, the same `build.py build` skips the cell: same matrix, same Debian.
-    (The time it takes is measured in the report of #16, not asserted here.)"""
+    (The time it takes is measured in BENCHMARKS.md, not asserted here.)"""
     first = build_py("build", "--only", built_cell.cell, "--json", timeout=BUILD_TIMEOUT)
     assert first.returncode == 0, first.stderr[-3000:]
     second = build_py("build", "--only", built_cell.cell, "--json", timeout=BUILD_TIMEOUT)
@@ -88,7 +88,7 @@ def test_matrix(tmp_path: Path, docker_client: docker.DockerClient) -> Iterator[
     repo = f"ptmg-test-debsec-{uuid.uuid4().hex[:8]}"
     text = SEED_MATRIX.replace("repository: pt-multi-gpu", f"repository: {repo}")
     path = write_matrix(tmp_path / "matrix", text)
-    cell = "2.7.0-cuda12.6-cudnn9-runtime"  # its committed lock (#13) beside the matrix: builds install from it
+    cell = "2.7.0-cuda12.6-cudnn9-runtime"  # its committed lock beside the matrix: builds install from it
     shutil.copytree(ROOT / "locks" / cell, path.parent / "locks" / cell)
     shutil.copy(ROOT / "locks" / "pylock.uv.toml", path.parent / "locks" / "pylock.uv.toml")  # the uv that installs
     try:
@@ -138,7 +138,7 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     assert any(re.search(r" DONE \d", x) for x in os_step)
     torch_step = _step(steps, "python3 -m venv")  # 40-torch: the venv, torch and torchvision
     assert not any(x.endswith(" CACHED") for x in torch_step), "the layers above the OS layer were rebuilt"
-    # The torch layer installs offline from the build's wheelhouse (#13), which the host's wheel store
+    # The torch layer installs offline from the build's wheelhouse (locked installs), which the host's wheel store
     # filled without a download: the store logs every download, and there was none.
     assert "UV_OFFLINE=1" in "\n".join(torch_step[:3])
     assert "wheel(s) downloaded" not in r.stderr, r.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""#13 with a real engine: the locked install refuses a tampered wheel (uv's hash check inside a RUN,
+"""Locked installs with a real engine: the locked install refuses a tampered wheel (uv's hash check inside a RUN,
 and the host store before any build), the SBOM in the image validates as CycloneDX and lists what it
 must, `build.py lock --check` and `build.py diff` on the real images.
 

@@ -1,4 +1,4 @@
-"""What a training user does in week one, in every default image of images.yaml (#12):
+"""What a training user does in week one, in every default image of images.yaml:
 torch.compile, CUDA extensions (devel), InfiniBand-ready NCCL, a newer Python.
 
 Each test runs against the cells of the real images.yaml it concerns. A missing or outdated
@@ -45,7 +45,7 @@ DEVEL = [n for n, c in CELLS.items() if c.flavour == "devel"]
 TRITON_CELLS = [n for n, c in CELLS.items() if c.compile_supported and not c.cpu_only and c.flavour == "runtime"]
 TRIXIE = [n for n, c in CELLS.items() if c.os == "trixie"]
 SEED_270 = "2.7.0-cuda12.6-cudnn9-runtime"
-#: `make images` before any #12 change built the 2.7.0 runtime image at this size.
+#: `make images` built the 2.7.0 runtime image at this size before the toolchain and the venv trim.
 SIZE_270_BEFORE = 6_000_155_569
 SNIPPET = "import torch; f = torch.compile(lambda x: x.sin() + 1); print(f(torch.randn(4)))"
 
@@ -169,7 +169,7 @@ PY
 
 def test_the_270_runtime_image_is_no_larger_than_before(docker_client: docker.DockerClient) -> None:
     size = int(docker_client.images.get(image_of(SEED_270)).attrs["Size"])
-    assert size <= SIZE_270_BEFORE, f"{size:,} B > {SIZE_270_BEFORE:,} B (the 2.7.0 image before #12)"
+    assert size <= SIZE_270_BEFORE, f"{size:,} B > {SIZE_270_BEFORE:,} B (the 2.7.0 image before the toolchain and the venv trim)"
 
 
 # --- devel --------------------------------------------------------------------------------------------------

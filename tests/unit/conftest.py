@@ -3,7 +3,7 @@
 An autouse guard points DOCKER_HOST at a socket that does not exist, so a unit test that
 reaches a real engine (directly, or through a `build.py` subprocess) fails here, as it would on
 a machine without Docker, instead of passing only where dockerd happens to run. Python advisories
-(the vulnerability audit, #13) come from tests/fixtures/osv, an offline OSV snapshot."""
+(the vulnerability audit) come from tests/fixtures/osv, an offline OSV snapshot."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def no_docker_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Per test, not per session: a session-scoped patch here outlives the unit tier and left
     # `pytest tests/unit tests/docker` (make test) with no engine for every docker test.
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
-    # (#13) Python advisories from the small OSV snapshot of the tests, never from the network.
+    # Python advisories from the small OSV snapshot of the tests, never from the network.
     monkeypatch.setenv("PTMG_OSV_DIR", str(ROOT / "tests" / "fixtures" / "osv"))
     yield
 

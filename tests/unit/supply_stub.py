@@ -1,4 +1,4 @@
-"""(#13) For unit tests of `build.py build` against a fake engine: a BuildKit CLI that is never run,
+"""For unit tests of `build.py build` against a fake engine: a BuildKit CLI that is never run,
 and a supply stage that neither reads locks/ nor fills the wheel store (no network, no disk)."""
 
 from __future__ import annotations

@@ -4,7 +4,14 @@
 - only builder/engine talks to Docker (imports `docker`);
 - nothing outside builder/cli (and the `python -m builder` entry point) imports builder.cli:
   the stages never reach back up to the command line;
-- no module over 400 lines (the project's rule).
+- no module over 400 lines (the project's rule), in builder/ and in every other Python file
+  the project ships or runs (entrypoint/, smoke_tests/, imagebuild/, bench/, scripts/, the
+  contract, build.py): only tests/ is outside the rule;
+- the tree names capabilities, not the project's tickets: no ``#N`` issue reference in a tracked
+  file (external citations as ``owner/repo#N`` are fine);
+- the label namespace (``io.pt-multi-gpu.``) is written once, in ptmg_contract.py: the code of
+  builder/, entrypoint/ and smoke_tests/ takes it from there (docs, tests and rendered files
+  may spell it out).
 
 A failure names the modules (and, for a cycle, the whole loop)."""
 
@@ -12,6 +19,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILDER = ROOT / "builder"
 MAX_LINES = 400
+#: Where the size rule applies besides the top-level .py files: everything but tests/.
+SIZED = ("builder", "entrypoint", "smoke_tests", "imagebuild", "bench", "scripts")
 ENTRY_POINTS = {"builder.__main__"}  # `python -m builder`: the command line's other door, like build.py
 
 #: Lazy (function-level) imports that close a loop the import-time graph does not have, each
@@ -191,7 +202,155 @@ def test_no_stage_imports_the_command_line() -> None:
     assert not bad, "only builder/cli may import builder.cli:\n" + "\n".join(bad)
 
 
+def sized_modules() -> list[Path]:
+    """Every Python file of the project but its tests: builder/, the contract, build.py, and what
+    runs in the image or beside the build (entrypoint/, smoke_tests/, imagebuild/, bench/, scripts/),
+    also a Python script without the .py suffix (entrypoint/healthcheck)."""
+    found = []
+    for path in sorted(ROOT.glob("*.py")) + sorted(p for top in SIZED for p in (ROOT / top).rglob("*")):
+        if not path.is_file() or "__pycache__" in path.parts:
+            continue
+        if path.suffix == ".py" or (not path.suffix and path.read_bytes()[:64].startswith(b"#!")
+                                    and b"python" in path.read_bytes()[:64]):
+            found.append(path)
+    return found
+
+
+def test_the_size_rule_sees_every_part_of_the_project() -> None:
+    names = {str(p.relative_to(ROOT)) for p in sized_modules()}
+    assert {"build.py", "ptmg_contract.py", "builder/engine/docker.py", "entrypoint/supervisor.py",
+            "smoke_tests/ddp_job.py", "smoke_tests/selftest.py", "entrypoint/healthcheck",
+            "imagebuild/sbom.py", "bench/bench_build.py", "scripts/pictures.py"} <= names
+    assert not any(n.startswith("tests/") for n in names)
+
+
 def test_no_module_is_over_400_lines() -> None:
-    sizes = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in MODULES.values()}
+    sizes = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in sized_modules()}
     big = [f"{path}: {n} lines" for path, n in sorted(sizes.items()) if n > MAX_LINES]
     assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
+
+
+# --- the image contract's literals ---------------------------------------------------------------
+#: Where a label key is code: the builder on the host and what runs inside the image.
+CONTRACT_USERS = ("builder", "entrypoint", "smoke_tests")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants (prose about labels, not a label)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def literals_of(path: Path, needle: str) -> list[int]:
+    """Lines of ``path`` where code spells ``needle``: a string constant (not a docstring) of a
+    Python module, or any line of another text file (a template, a shell script); never .md."""
+    if path.suffix == ".md":
+        return []
+    text = path.read_text(encoding="utf-8")
+    if path.suffix != ".py":
+        return [n for n, line in enumerate(text.splitlines(), 1) if needle in line]
+    tree = ast.parse(text, str(path))
+    docs = _docstrings(tree)
+    return sorted({node.lineno for node in ast.walk(tree)
+                   if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                   and needle in node.value and id(node) not in docs})
+
+
+def test_the_literal_finder_sees_code_not_prose(tmp_path: Path) -> None:
+    mod = tmp_path / "m.py"
+    mod.write_text('"""io.pt-multi-gpu.cell in a docstring"""\n'
+                   '# io.pt-multi-gpu.cell in a comment\n'
+                   'A = {"io.pt-multi-gpu.cell": 1}\n'
+                   'B = f"io.pt-multi-gpu.{A}"\n', encoding="utf-8")
+    assert literals_of(mod, "io.pt-multi-gpu.") == [3, 4]
+    sh = tmp_path / "t.sh.j2"
+    sh.write_text("a\n--label io.pt-multi-gpu.x=1\n", encoding="utf-8")
+    assert literals_of(sh, "io.pt-multi-gpu.") == [2]
+
+
+def test_the_label_namespace_comes_from_the_contract() -> None:
+    import ptmg_contract as contract
+
+    needle = f"{contract.LABEL_NS}."
+    bad = [f"{path.relative_to(ROOT)}:{line}" for top in CONTRACT_USERS
+           for path in sorted((ROOT / top).rglob("*")) if path.is_file() and "__pycache__" not in path.parts
+           for line in literals_of(path, needle)]
+    assert not bad, (f"{needle!r} written as a literal (use ptmg_contract.LABEL_NS, label() or a LABEL_* "
+                     "constant):\n" + "\n".join(bad))
+
+
+# --- the tree speaks of capabilities, not of its tickets -------------------------------------------
+#: A reference to an issue by number: ``#`` and digits, not inside a word, a path or a URL. An
+#: external citation names its repository (``owner/repo#N``: the ``/`` and the word before the ``#``
+#: keep it out of this pattern).
+TICKET = re.compile(r"(?<![\w/&#-])#(\d+)\b")
+#: ``#`` and digits that are not issue references, each with where it comes from.
+NOT_TICKETS = (
+    re.compile(r"\"#[0-9a-fA-F]{6}\""),  # a colour in SVG: fill="#718096"
+    re.compile(r"#\d+ (\[|CACHED|DONE)"),  # BuildKit's plain progress, step ids: "#7 [3/8] RUN ..."
+    re.compile(r"(mov x\d+, |svc )#\d+"),  # arm64 assembly immediates (builder/host/emulation.py)
+    re.compile(r"restart #\d+ in"),  # the supervisor's restart count in its log line
+)
+#: The compatibility data's citations of pytorch/pytorch issues and PRs, listed by number under its
+#: PT_ISSUES source (builder/spec/compat_data.yaml); allowed in that file only.
+PYTORCH_CITATIONS = frozenset({"107302", "133593", "145167", "157517", "163764", "172352", "175253"})
+CITING_FILE = "builder/spec/compat_data.yaml"
+
+
+def ticket_refs(path: str, text: str) -> list[str]:
+    """``path:line: #N`` for every issue reference in ``text`` that is not an allowed citation."""
+    found = []
+    for n, line in enumerate(text.splitlines(), 1):
+        for pattern in NOT_TICKETS:
+            line = pattern.sub("", line)
+        for m in TICKET.finditer(line):
+            if path == CITING_FILE and m.group(1) in PYTORCH_CITATIONS:
+                continue
+            found.append(f"{path}:{n}: {m.group(0)}")
+    return found
+
+
+def tracked_texts() -> Iterator[tuple[str, str]]:
+    """(path, text) of every file git tracks here that is text (UTF-8, no NUL byte)."""
+    out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in sorted(out.decode().split("\0")):
+        path = ROOT / name
+        if not name or not path.is_file():
+            continue
+        raw = path.read_bytes()
+        if b"\0" in raw:
+            continue
+        try:
+            yield name, raw.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+
+
+def test_the_ticket_finder_tells_tickets_from_citations() -> None:
+    h = "#"  # kept apart, so that this file holds no reference itself
+    text = "\n".join([
+        f"({h}13) Security updates",  # 1: a ticket
+        f"the pip torch RUN before {h}13, met since {h}12",  # 2: two
+        f"NVIDIA/enroot{h}205 and pytorch/pytorch{h}21980",  # 3: external citations
+        f'fill="{h}718096" and `{h}7 [3/8] RUN` and "{h}8 CACHED"',  # 4: a colour, BuildKit step ids
+        f"mov x8, {h}101 / svc {h}0 / restart {h}1 in 1 s",  # 5: assembly, a restart count
+        f"PT_ISSUES {h}133593, {h}175253 (arch lists)",  # 6: pytorch issues, allowed in the data only
+        f"https://example.org/page{h}1 and path/to/file{h}L12",  # 7: URL fragments
+    ])
+    assert ticket_refs("x.md", text) == [f"x.md:1: {h}13", f"x.md:2: {h}13", f"x.md:2: {h}12",
+                                         f"x.md:6: {h}133593", f"x.md:6: {h}175253"]
+    assert ticket_refs(CITING_FILE, text) == [f"{CITING_FILE}:1: {h}13", f"{CITING_FILE}:2: {h}13",
+                                              f"{CITING_FILE}:2: {h}12"]
+
+
+def test_no_tracked_file_names_a_ticket() -> None:
+    texts = dict(tracked_texts())
+    assert "README.md" in texts and "docker/2.7.0-cuda12.6-cudnn9-runtime/Dockerfile" in texts
+    bad = [ref for path, text in texts.items() for ref in ticket_refs(path, text)]
+    assert not bad, ("an issue reference by number (name the capability instead; cite another project "
+                     "as owner/repo#N):\n" + "\n".join(bad))

@@ -1,4 +1,4 @@
-"""arm64 cells without Docker or qemu (#14): the platform flag, the foreign base's name and apt
+"""arm64 cells without Docker or qemu: the platform flag, the foreign base's name and apt
 caches, the emulation probe's verdicts, the doctor's findings, the in-image skips under
 emulation, the engine's --init for foreign images, and the tags a multi-platform cell shares."""
 

@@ -1,4 +1,4 @@
-"""#16: `build.py audit` (Debian section) from apt's own simulation in the image, and the
+"""`build.py audit` (Debian section) from apt's own simulation in the image, and the
 `audit:` policy in images.yaml (validated, located)."""
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def test_audit_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pyt
     monkeypatch.setattr("builder.cli.context.Engine", lambda: engine)
     report = tmp_path / "out" / "audit.json"
     rc = cli.main(["audit", "--config", str(write_matrix(tmp_path / "m")), "--image", "pt-multi-gpu:old",
-                   "--section", "debian", "--report", str(report)])  # (#13: python has its own tests)
+                   "--section", "debian", "--report", str(report)])  # (python has its own tests)
     out = capsys.readouterr().out
     assert rc == 1, "pending security updates"
     assert "libssl3" in out and "3.0.20-1~deb12u2" in out and "3.0.22-1~deb12u2" in out and "tzdata" not in out
@@ -150,7 +150,7 @@ def test_rows_and_json_have_one_section_each() -> None:
     audit = ImageAudit("pt-multi-gpu:a", "a", "sha256:1", {
         "debian": SectionResult("debian", FINDINGS, [{"package": "libssl3", "installed": "1", "fixed": "2"}])})
     broken = ImageAudit("pt-multi-gpu:b", "b", "sha256:2", {"debian": SectionResult("debian", FAILED, error="down\nx")})
-    pad = [""] * (max(len(s.columns) for s in SECTIONS.values()) - 4)  # (#13) as wide as the widest section
+    pad = [""] * (max(len(s.columns) for s in SECTIONS.values()) - 4)  # as wide as the widest section
     assert rows([audit, broken], SECTIONS) == [["pt-multi-gpu:a", "debian", "libssl3", "1", "2", "", *pad],
                                                ["pt-multi-gpu:b", "debian", "FAILED: down", "", "", "", *pad]]
     assert json.loads(report_json([audit, broken]))["images"][1]["sections"]["debian"]["error"] == "down\nx"
@@ -160,7 +160,7 @@ def test_rows_and_json_have_one_section_each() -> None:
 def test_audit_policy_defaults_and_values(tmp_path: Path) -> None:
     assert small_matrix(tmp_path / "a").audit.debian.max_pending_days == 14
     m = small_matrix(tmp_path / "b", SEED_MATRIX + "audit:\n  debian: {max_pending_days: 3}\n  python:\n")
-    assert m.audit.debian.max_pending_days == 3 and m.audit.python.fail_on == "any"  # (#13: python's own keys)
+    assert m.audit.debian.max_pending_days == 3 and m.audit.python.fail_on == "any"  # (python's own keys)
 
 
 @pytest.mark.parametrize(("text", "where", "message"), [

@@ -1,4 +1,4 @@
-"""#16 in `build.py build`, against a fake engine: the archive's state is the OS layer's build arg
+"""Security updates in `build.py build`, against a fake engine: the archive's state is the OS layer's build arg
 and part of the inputs hash; the image gets the patch-level labels from its OS layer's own
 record; an unchanged matrix on an unchanged Debian is a no-op, a new security upload is not;
 offline, the recorded snapshot keeps it a no-op; a base without the security suite is refused.
@@ -103,7 +103,7 @@ def build(engine: FakeEngine, spec: ImageSpec, tmp_path: Path, mirror: Mirror, e
 
 @pytest.fixture(autouse=True)
 def no_buildkit_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
-    stub_supply(monkeypatch)  # (#13) a fake BuildKit CLI; no lock read, no wheel store filled
+    stub_supply(monkeypatch)  # a fake BuildKit CLI; no lock read, no wheel store filled
 
 
 def test_snapshot_keys_the_os_layer_and_labels_the_image(spec: ImageSpec, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""#16 at publish: an unchanged cell publishes nothing (compared by recipe and packages with the
+"""The OS-freshness gates at publish: an unchanged cell publishes nothing (compared by recipe and packages with the
 image its floating tag holds, not by image id); an image with Debian security updates pending
 longer than audit.debian.max_pending_days is refused, with the fix and an override."""
 
@@ -40,7 +40,7 @@ def test_unchanged_is_by_recipe_and_packages() -> None:
     assert freshness.unchanged_since(SAME, {**remote, contract.LABEL_OS_PACKAGES: "sha256:new-libssl3"}) is None
     assert freshness.unchanged_since(SAME, {**remote, contract.LABEL_VENV_PACKAGES: "sha256:new-jupyter"}) is None
     assert freshness.unchanged_since(SAME, None) is None  # nothing published yet
-    # An image from before #16 (no identity labels) is never "the same".
+    # An image without the identity labels is never "the same".
     assert freshness.unchanged_since({}, {}) is None
     assert freshness.unchanged_since(SAME, {contract.OCI_CREATED: "2026-11-01T00:00:00Z"}) is None
 

@@ -1,4 +1,4 @@
-"""#16: the Debian archive's state as the OS layer's cache key and part of the inputs hash.
+"""The Debian archive's state as the OS layer's cache key and part of the inputs hash.
 
 The key changes when a suite's packages for the architecture change (a new security upload),
 not when a Release file is merely re-signed with a new Date; the override simulates a newer
@@ -141,7 +141,7 @@ def test_the_snapshot_is_part_of_the_inputs_hash_and_not_of_the_recipe(tmp_path:
     (tmp_path / "entrypoint" / "start.sh").write_text("echo hi\n")
     files = inputs.context_files(tmp_path)
     plain = inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path)
-    assert inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path, "") == plain  # untracked: as before #16
+    assert inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path, "") == plain  # untracked: the hash without a snapshot key
     one = inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path, "sha256:one")
     two = inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path, "sha256:two")
     assert len({plain, one, two}) == 3

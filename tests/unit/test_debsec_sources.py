@@ -1,4 +1,4 @@
-"""#16: a base's apt sources are the official image's (release, -updates, -security), and
+"""A base's apt sources are the official image's (release, -updates, -security), and
 `build.py base` refuses a base that lacks them, with the fix."""
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def test_check_sources_reads_any_other_base_in_a_container_as_root() -> None:
     assert "/etc/apt/sources.list.d/*.sources" in run["command"][-1]
 
 
-def test_a_base_made_before_16_is_refused_with_the_fix(tmp_path: Path) -> None:
-    """The debootstrapped base of before #16: no label, one `deb ... bookworm main`."""
+def test_a_base_without_the_security_suites_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """A debootstrapped base without the official sources: no label, one `deb ... bookworm main`."""
     spec = cell(small_matrix(tmp_path), MID)
     old = FakeEngine({contract.LABEL_BASE_MADE_BY: "debootstrap --variant=minbase bookworm"}, DEBOOTSTRAP)
     with pytest.raises(base_image.BaseError) as exc:

@@ -1,4 +1,4 @@
-"""What every image gets for torch.compile and RDMA, and what the devel flavour adds (#12): pure
+"""What every image gets for torch.compile and RDMA, and what the devel flavour adds: pure
 rendering and validation, no Docker."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def test_devel_shares_every_layer_up_to_the_tools_with_its_runtime_cell(pair: di
     tools = max(i for i, ins in enumerate(runtime) if "pip install" in ins)  # the tools layer: the last one
     assert devel[: tools + 1] == runtime[: tools + 1], "a devel cell must build on its runtime cell's layers"
     extra = devel[tools + 1: len(devel) - (len(runtime) - tools - 1)]
-    # (#13) the toolkit and ninja come from the lock's devel layer (builder.lock.target.wanted: devel)
+    # the toolkit and ninja come from the lock's devel layer (builder.lock.target.wanted: devel)
     assert any("source=wheelhouse/devel," in ins and "uv pip install" in ins for ins in extra)
     assert any("build-essential" in ins and "git" in ins and "cuda-home.sh 13.0 /opt/venv" in ins for ins in extra)
     env = next(ins for ins in extra if ins.startswith("ENV"))

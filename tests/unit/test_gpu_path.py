@@ -1,7 +1,7 @@
-"""The GPU path before it meets a GPU (#15), with fakes: fake nvidia-smi hosts of 0, 1, 2 and 8
+"""The GPU path before it meets a GPU, with fakes: fake nvidia-smi hosts of 0, 1, 2 and 8
 GPUs, CUDA_VISIBLE_DEVICES subsets, one node and two, a scripted engine, a fake NCCL watchdog.
 
-- the rank rule (in the image: smokelib.plan_ranks; on the host: builder.smoke.gpus) asks for
+- the rank rule (in the image: ddp_plan.plan_ranks; on the host: builder.smoke.gpus) asks for
   one rank per visible GPU in the runner, the selftest and the launch jobs;
 - world size 1 is "skipped (one GPU)", never passed (--require-multi-gpu: failed);
 - --nodes 2 with GPUs hands every node container its own GPUs, and a gloo fall-back fails;
@@ -11,7 +11,6 @@ GPUs, CUDA_VISIBLE_DEVICES subsets, one node and two, a scripted engine, a fake 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import signal
 import subprocess
@@ -19,7 +18,6 @@ import sys
 import textwrap
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -39,21 +37,12 @@ ROOT = Path(__file__).resolve().parents[2]
 SMOKE_DIR = ROOT / "smoke_tests"
 
 
-def _load_smoke(name: str) -> ModuleType:
-    """An in-image module as the image imports it (bare names: smokelib, run_ddp)."""
-    if str(SMOKE_DIR) not in sys.path:
-        sys.path.insert(0, str(SMOKE_DIR))
-    spec = importlib.util.spec_from_file_location(name, SMOKE_DIR / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-lib = _load_smoke("smokelib")
-run_ddp = _load_smoke("run_ddp")
-job_tests = _load_smoke("ddp_checks")
+lib = support.smoke_module("smokelib")
+ddp_plan = support.smoke_module("ddp_plan")
+ddp_bench = support.smoke_module("ddp_bench")
+ddp_watchdog = support.smoke_module("ddp_watchdog")
+run_ddp = support.smoke_module("run_ddp")
+job_tests = support.smoke_module("ddp_checks")
 
 
 # --- fake hosts ----------------------------------------------------------------------
@@ -124,22 +113,22 @@ def test_host_gpus_honour_cuda_visible_devices(n: int, cvd: str | None, want: li
     (8, 16, (8, "nccl", "cuda")),  # more is clamped: NCCL needs one GPU per rank
 ])
 def test_in_image_plan_one_rank_per_visible_gpu(n: int, requested: int | None, want: tuple[int, str, str]) -> None:
-    plan = lib.plan_ranks(requested, n)
+    plan = ddp_plan.plan_ranks(requested, n)
     assert (plan.nproc, plan.backend, plan.device) == want
     assert ("clamped" in plan.note) == (requested is not None and n > 0 and requested > n)
 
 
 def test_in_image_plan_gloo_on_cuda_and_refusals() -> None:
-    plan = lib.plan_ranks(2, 1, backend="gloo", device="cuda")  # two gloo ranks on the one GPU
+    plan = ddp_plan.plan_ranks(2, 1, backend="gloo", device="cuda")  # two gloo ranks on the one GPU
     assert (plan.nproc, plan.backend, plan.device) == (2, "gloo", "cuda")
-    assert [lib.device_index(r, 1) for r in range(2)] == [0, 0]
-    assert [lib.device_index(r, 8) for r in range(8)] == list(range(8))
+    assert [ddp_plan.device_index(r, 1) for r in range(2)] == [0, 0]
+    assert [ddp_plan.device_index(r, 8) for r in range(8)] == list(range(8))
     with pytest.raises(ValueError, match="GPU"):
-        lib.plan_ranks(None, 0, backend="nccl")
+        ddp_plan.plan_ranks(None, 0, backend="nccl")
     with pytest.raises(ValueError, match="cuda"):
-        lib.plan_ranks(None, 2, backend="nccl", device="cpu")
+        ddp_plan.plan_ranks(None, 2, backend="nccl", device="cpu")
     with pytest.raises(ValueError, match="GPU"):
-        lib.plan_ranks(2, 0, backend="gloo", device="cuda")
+        ddp_plan.plan_ranks(2, 0, backend="gloo", device="cuda")
 
 
 @pytest.mark.parametrize(("n", "nodes", "requested", "per_node", "nproc", "note"), [
@@ -181,39 +170,39 @@ def test_host_plan_cpu_and_impossible_requests() -> None:
 def job_result(world: int, backend: str, *, device: str = "cuda:0", gpus_visible: int = 1,
                nodes: int = 1) -> dict[str, Any]:
     """What ddp_job.py prints, built with the job's own check and verdict functions."""
-    checks = lib.ddp_checks(world, backend, loss_decreased=True, params_identical=True, allreduce_exact=True,
+    checks = ddp_plan.ddp_checks(world, backend, loss_decreased=True, params_identical=True, allreduce_exact=True,
                             busbw_measured=world >= 2)
-    rows = [] if world < 2 else [lib.busbw_row(1 << 30, [0.010, 0.012], world)]
+    rows = [] if world < 2 else [ddp_bench.busbw_row(1 << 30, [0.010, 0.012], world)]
     return {
-        "schema": 2, "ok": True, "verdict": lib.ddp_verdict(checks, world, backend), "checks": checks,
+        "schema": 2, "ok": True, "verdict": ddp_plan.ddp_verdict(checks, world, backend), "checks": checks,
         "world_size": world, "backend": backend, "gpus_visible": gpus_visible, "device": device,
         "nodes": nodes, "hosts": [f"node{i * nodes // world}" for i in range(world)], "local_world_size": world,
         "torch": "2.7.0+cu126", "steps": 60, "steps_per_s": 100.0, "initial_loss": 6.0, "final_loss": 0.1,
         "loss_decreased": True, "params_identical": True, "params_sha256": "ab", "allreduce_exact": True,
         "busbw": rows, "tensorboard_dir": "/tmp/tb", "wall_s": 3.0,
         "bench": {"op": "all_reduce", "reduce": "sum", "dtype": "float32", "in_place": True,
-                  "warmup": lib.BENCH_WARMUP, "iters": lib.BENCH_ITERS,
-                  "sizes": lib.bench_sizes("auto", backend), "skipped_sizes": []},
+                  "warmup": ddp_bench.BENCH_WARMUP, "iters": ddp_bench.BENCH_ITERS,
+                  "sizes": ddp_bench.bench_sizes("auto", backend), "skipped_sizes": []},
     }
 
 
 def test_the_job_calls_world_size_1_skipped_never_passed() -> None:
-    checks = lib.ddp_checks(1, "nccl", loss_decreased=True, params_identical=True, allreduce_exact=True,
+    checks = ddp_plan.ddp_checks(1, "nccl", loss_decreased=True, params_identical=True, allreduce_exact=True,
                             busbw_measured=False)
     assert checks["loss_decreased"] == "passed"
-    for name in lib.MULTI_RANK_CHECKS:
+    for name in ddp_plan.MULTI_RANK_CHECKS:
         assert checks[name] == "skipped: one GPU, NCCL transport not exercised"
-    assert lib.ddp_verdict(checks, 1, "nccl") == "skipped (one GPU)"
-    assert lib.ddp_verdict(lib.ddp_checks(1, "gloo", loss_decreased=True, params_identical=True,
+    assert ddp_plan.ddp_verdict(checks, 1, "nccl") == "skipped (one GPU)"
+    assert ddp_plan.ddp_verdict(ddp_plan.ddp_checks(1, "gloo", loss_decreased=True, params_identical=True,
                                           allreduce_exact=True, busbw_measured=None), 1, "gloo") == "skipped (one rank)"
-    two = lib.ddp_checks(2, "nccl", loss_decreased=True, params_identical=True, allreduce_exact=True,
+    two = ddp_plan.ddp_checks(2, "nccl", loss_decreased=True, params_identical=True, allreduce_exact=True,
                          busbw_measured=True)
-    assert lib.ddp_verdict(two, 2, "nccl") == "passed"
-    bad = lib.ddp_checks(2, "nccl", loss_decreased=True, params_identical=False, allreduce_exact=True,
+    assert ddp_plan.ddp_verdict(two, 2, "nccl") == "passed"
+    bad = ddp_plan.ddp_checks(2, "nccl", loss_decreased=True, params_identical=False, allreduce_exact=True,
                          busbw_measured=True)
-    assert lib.ddp_verdict(bad, 2, "nccl") == "failed"
+    assert ddp_plan.ddp_verdict(bad, 2, "nccl") == "failed"
     # a failure at world size 1 is still a failure, not a skip
-    assert lib.ddp_verdict(lib.ddp_checks(1, "nccl", loss_decreased=False, params_identical=True,
+    assert ddp_plan.ddp_verdict(ddp_plan.ddp_checks(1, "nccl", loss_decreased=False, params_identical=True,
                                           allreduce_exact=True, busbw_measured=None), 1, "nccl") == "failed"
 
 
@@ -273,7 +262,7 @@ def test_the_selftest_asks_for_every_gpu(launched: list[list[str]], monkeypatch:
 
 
 def test_selftest_flag_require_multi_gpu_needs_require_gpu(capsys: pytest.CaptureFixture[str]) -> None:
-    selftest = _load_smoke("selftest")
+    selftest = support.smoke_module("selftest")
     assert selftest.parse_args(["--require-gpu", "--require-multi-gpu"]).require_multi_gpu
     with pytest.raises(SystemExit):
         selftest.parse_args(["--require-multi-gpu"])
@@ -530,15 +519,15 @@ def test_launch_refuses_more_ranks_than_gpus() -> None:
 
 
 def test_hang_deadlines() -> None:
-    gloo = lib.hang_deadlines("gloo", 60, 180)
+    gloo = ddp_watchdog.hang_deadlines("gloo", 60, 180)
     assert gloo == (60, 180)
-    nccl = lib.hang_deadlines("nccl", 60, 180)
+    nccl = ddp_watchdog.hang_deadlines("nccl", 60, 180)
     assert nccl.collective_s == 60 and nccl.watchdog_s == 45  # a quarter of the timeout before torch's
-    assert lib.hang_deadlines("nccl", 60, 30).watchdog_s == 30  # a shorter phase limit stays
-    runner_default = lib.hang_deadlines("nccl", 60, 120)  # what builder.smoke.torchrun passes
+    assert ddp_watchdog.hang_deadlines("nccl", 60, 30).watchdog_s == 30  # a shorter phase limit stays
+    runner_default = ddp_watchdog.hang_deadlines("nccl", 60, 120)  # what builder.smoke.torchrun passes
     assert runner_default.watchdog_s < runner_default.collective_s
     with pytest.raises(ValueError, match="too short for NCCL"):
-        lib.hang_deadlines("nccl", 1, 180)
+        ddp_watchdog.hang_deadlines("nccl", 1, 180)
 
 
 #: A rank stuck in an NCCL collective, with fakes: the c10d store (a dict), torch's NCCL watchdog
@@ -547,7 +536,7 @@ def test_hang_deadlines() -> None:
 NCCL_HANG = textwrap.dedent("""
     import os, sys, threading, time
     sys.path.insert(0, {path!r})
-    import smokelib
+    import ddp_watchdog
 
     class Store(dict):
         def set(self, k, v): self[k] = v.encode()
@@ -555,10 +544,10 @@ NCCL_HANG = textwrap.dedent("""
         def set_timeout(self, t): pass
 
     collective, phase = {collective}, {phase}
-    deadlines = smokelib.hang_deadlines("nccl", collective, phase) if {job_rule} else \\
-        smokelib.Deadlines(collective, phase)  # the old rule: the watchdog at the phase limit only
-    dog = smokelib.Watchdog(0, deadlines.watchdog_s, poll_s=0.05)
-    board = smokelib.ProgressBoard(0, 2, dog, Store({{"ptmg/progress/1": b"train:2"}}))
+    deadlines = ddp_watchdog.hang_deadlines("nccl", collective, phase) if {job_rule} else \\
+        ddp_watchdog.Deadlines(collective, phase)  # without the rule: the watchdog at the phase limit only
+    dog = ddp_watchdog.Watchdog(0, deadlines.watchdog_s, poll_s=0.05)
+    board = ddp_watchdog.ProgressBoard(0, 2, dog, Store({{"ptmg/progress/1": b"train:2"}}))
     dog.diagnose = board.diagnose
     dog.start()
     board.mark("train", 3)
@@ -599,18 +588,18 @@ def test_without_the_rule_torch_aborts_first_and_names_nobody() -> None:
 
 
 def test_bench_settings_match_nccl_tests() -> None:
-    job = _load_smoke("ddp_job")
+    job = support.smoke_module("ddp_job")
     ns = job.parse_args([])
     assert (ns.bench_warmup, ns.bench_iters, ns.bench_sizes) == (5, 20, "auto")
-    assert max(lib.bench_sizes("auto", "nccl")) == 1 << 30
-    assert max(lib.bench_sizes("auto", "gloo")) == 4 << 20
-    assert lib.bench_sizes("", "nccl") == []
+    assert max(ddp_bench.bench_sizes("auto", "nccl")) == 1 << 30
+    assert max(ddp_bench.bench_sizes("auto", "gloo")) == 4 << 20
+    assert ddp_bench.bench_sizes("", "nccl") == []
     assert "--bench-sizes" not in torchrun.ddp_job_args()  # the runner leaves the sizes to the job
-    assert lib.bench_fits(0.01, 20, 1.0) and not lib.bench_fits(0.1, 20, 1.0)
+    assert ddp_bench.bench_fits(0.01, 20, 1.0) and not ddp_bench.bench_fits(0.1, 20, 1.0)
 
 
 def test_busbw_row_averages_over_ranks_and_reports_the_slowest() -> None:
-    row = lib.busbw_row(1 << 30, [0.010, 0.010, 0.010, 0.014], 4)
+    row = ddp_bench.busbw_row(1 << 30, [0.010, 0.010, 0.010, 0.014], 4)
     assert row["time_us"] == pytest.approx(11000) and row["time_us_max"] == pytest.approx(14000)
     alg = (1 << 30) / 0.011
     assert row["algbw_GBps"] == pytest.approx(alg / 1e9)

@@ -1,4 +1,4 @@
-"""RDMA in the generated jobs (#12): what NCCL needs for InfiniBand/RoCE/EFA between nodes.
+"""RDMA in the generated jobs: what NCCL needs for InfiniBand/RoCE/EFA between nodes.
 
 Slurm: every node raises its locked-memory soft limit; the docker launcher gives a node that has
 /dev/infiniband the devices, unlimited memlock and IPC_LOCK, and passes NCCL's network settings

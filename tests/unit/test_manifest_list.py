@@ -1,4 +1,4 @@
-"""A cell on two platforms published under one tag (#14): per-platform images under immutable tags
+"""A cell on two platforms published under one tag: per-platform images under immutable tags
 of their own, then one manifest list under the cell's immutable and floating tags. Against fakes
 (the publisher's own, plus a registry that holds lists): all or nothing, idempotent reruns,
 digests read back, floating tags only after every platform's smoke pass."""

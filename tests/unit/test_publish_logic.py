@@ -812,7 +812,7 @@ def test_publish_verb_hands_the_password_only_to_the_push_and_the_registry_login
     config = write_matrix(tmp_path / "matrix")
     report_dir = tmp_path / "report"
 
-    # --allow-stale-os: these fake images have no OS patch level (the #16 gate is tested in test_debsec_publish).
+    # --allow-stale-os: these fake images have no OS patch level (the OS-freshness gate is tested in test_debsec_publish).
     rc = cli.main(["publish", "--config", str(config), "--only", A, "--registry", "127.0.0.1:5000/ns",
                    "--report-dir", str(report_dir), "--allow-stale-os"])
     out, err = capfd.readouterr()

@@ -79,7 +79,7 @@ def test_header_and_layer_order(cells: dict[str, ImageSpec]) -> None:
 
 
 def test_old_torch_gets_numpy_pin(cells: dict[str, ImageSpec]) -> None:
-    # (#13) the pin goes into the cell's lock (its torch layer), not the Dockerfile
+    # the pin goes into the cell's lock (its torch layer), not the Dockerfile
     assert "numpy<2" in wanted(cells[OLD])["torch"]
     assert not any(r.startswith("numpy") for r in wanted(cells[MID])["torch"])
 
@@ -88,7 +88,7 @@ def test_index_url_for_non_default_variant(tmp_path: Path) -> None:
     cfg = tmp_path / "images.yaml"
     cfg.write_text('include:\n  - {torch: "2.7.0", cuda: "11.8"}\n', encoding="utf-8")
     (cell,) = load_matrix(cfg).cells
-    assert target(cell).index == "https://download.pytorch.org/whl/cu118"  # (#13) what its lock resolves from
+    assert target(cell).index == "https://download.pytorch.org/whl/cu118"  # what its lock resolves from
 
 
 def test_real_images_yaml_renders_to_the_committed_files() -> None:

@@ -1,5 +1,6 @@
-"""Smoke-test logic without Docker or torch: smoke_tests/smokelib.py (shipped in every
-image) and the pure parts of builder/smoke.py, plus its orchestration against a fake engine."""
+"""Smoke-test logic without Docker or torch: smoke_tests/smokelib.py and the DDP job's rules
+(ddp_plan.py, ddp_bench.py, ddp_watchdog.py), shipped in every image, and the pure parts of
+builder/smoke, plus its orchestration against a fake engine."""
 
 from __future__ import annotations
 
@@ -20,14 +21,17 @@ import pytest
 import ptmg_contract as contract
 from builder.engine import RunResult
 from builder.smoke import results, runner, torchrun
-from tests.support import load_module
+from tests.support import load_module, smoke_module
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_DIR = ROOT / "smoke_tests"
 
 
 
-lib = load_module("ptmg_smokelib", SMOKE_DIR / "smokelib.py")
+lib = smoke_module("smokelib")
+ddp_plan = smoke_module("ddp_plan")
+ddp_bench = smoke_module("ddp_bench")
+ddp_watchdog = smoke_module("ddp_watchdog")
 
 
 # --- expectations and versions ---------------------------------------------------
@@ -125,49 +129,49 @@ def test_split_arch_list() -> None:
 
 
 def test_clamp_nproc() -> None:
-    assert lib.clamp_nproc(None, 0, "gloo") == (2, "")
-    assert lib.clamp_nproc(3, 8, "gloo") == (3, "")  # gloo ignores the GPUs
-    assert lib.clamp_nproc(None, 4, "nccl") == (4, "")
-    n, note = lib.clamp_nproc(4, 2, "nccl")
+    assert ddp_plan.clamp_nproc(None, 0, "gloo") == (2, "")
+    assert ddp_plan.clamp_nproc(3, 8, "gloo") == (3, "")  # gloo ignores the GPUs
+    assert ddp_plan.clamp_nproc(None, 4, "nccl") == (4, "")
+    n, note = ddp_plan.clamp_nproc(4, 2, "nccl")
     assert n == 2 and "clamped to 2" in note
     with pytest.raises(ValueError, match="GPU"):
-        lib.clamp_nproc(2, 0, "nccl")
+        ddp_plan.clamp_nproc(2, 0, "nccl")
     with pytest.raises(ValueError, match=">= 1"):
-        lib.clamp_nproc(0, 0, "gloo")
+        ddp_plan.clamp_nproc(0, 0, "gloo")
 
 
 @pytest.mark.parametrize(("n", "bus"), [(1, 0.0), (2, 1e9), (4, 1.5e9), (8, 1.75e9)])
 def test_bus_bandwidth_as_nccl_tests(n: int, bus: float) -> None:
-    alg, got = lib.bus_bandwidth(10**9, 1.0, n)
+    alg, got = ddp_bench.bus_bandwidth(10**9, 1.0, n)
     assert alg == 1e9
     assert got == pytest.approx(bus)
     with pytest.raises(ValueError):
-        lib.bus_bandwidth(1, 0.0, 2)
+        ddp_bench.bus_bandwidth(1, 0.0, 2)
 
 
 @pytest.mark.parametrize(("text", "n"), [("4K", 4096), ("64k", 65536), ("1M", 1 << 20), ("512", 512),
                                          ("2MiB", 2 << 20), ("1G", 1 << 30)])
 def test_parse_size(text: str, n: int) -> None:
-    assert lib.parse_size(text) == n
+    assert ddp_bench.parse_size(text) == n
 
 
 def test_loss_decreased() -> None:
-    assert lib.loss_decreased([10.0] * 5 + [5.0] * 5 + [1.0] * 5)
-    assert not lib.loss_decreased([1.0] * 20)                   # flat
-    assert not lib.loss_decreased([1.0] * 10 + [float("nan")] * 5)
-    assert not lib.loss_decreased([2.0, 1.0])                   # too short to tell
-    assert not lib.loss_decreased([1.0] * 5 + [2.0] * 5)        # rising
+    assert ddp_plan.loss_decreased([10.0] * 5 + [5.0] * 5 + [1.0] * 5)
+    assert not ddp_plan.loss_decreased([1.0] * 20)                   # flat
+    assert not ddp_plan.loss_decreased([1.0] * 10 + [float("nan")] * 5)
+    assert not ddp_plan.loss_decreased([2.0, 1.0])                   # too short to tell
+    assert not ddp_plan.loss_decreased([1.0] * 5 + [2.0] * 5)        # rising
 
 
 def test_find_result_takes_the_last_valid_line() -> None:
     log = "\n".join([
         "noise",
-        lib.RESULT_MARKER + '{"world_size": 2}',
-        "[rank0]: " + lib.RESULT_MARKER + '{"world_size": 4}',
-        lib.RESULT_MARKER + "{not json",
+        ddp_plan.RESULT_MARKER + '{"world_size": 2}',
+        "[rank0]: " + ddp_plan.RESULT_MARKER + '{"world_size": 4}',
+        ddp_plan.RESULT_MARKER + "{not json",
     ])
-    assert lib.find_result(log) == {"world_size": 4}
-    assert lib.find_result("nothing here") is None
+    assert ddp_plan.find_result(log) == {"world_size": 4}
+    assert ddp_plan.find_result("nothing here") is None
 
 
 @pytest.mark.parametrize(("progress", "world", "late"), [
@@ -178,14 +182,14 @@ def test_find_result_takes_the_last_valid_line() -> None:
     ({0: "setup:0", 1: "init_process_group:0", 2: "init_process_group:0"}, 3, [1, 2]),
 ])
 def test_laggards(progress: dict[int, str], world: int, late: list[int]) -> None:
-    assert lib.laggards(progress, world) == late
+    assert ddp_watchdog.laggards(progress, world) == late
 
 
 WATCHDOG_SCRIPT = textwrap.dedent("""
     import sys, time
     sys.path.insert(0, {path!r})
-    import smokelib
-    dog = smokelib.Watchdog(3, {deadline}, poll_s=0.05, diagnose=lambda: "DIAG rank 1 is behind").start()
+    import ddp_watchdog
+    dog = ddp_watchdog.Watchdog(3, {deadline}, poll_s=0.05, diagnose=lambda: "DIAG rank 1 is behind").start()
     dog.phase("allreduce-check")
     for _ in range({steps}):
         time.sleep(0.1)
@@ -274,7 +278,7 @@ def test_the_job_accepts_every_argument_the_runner_passes() -> None:
 
 
 def test_result_marker_is_shared() -> None:
-    assert contract.DDP_RESULT_MARKER == lib.RESULT_MARKER
+    assert contract.DDP_RESULT_MARKER == ddp_plan.RESULT_MARKER
 
 
 def sample_result(**over: Any) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""#13 the vulnerability gate, against the small OSV snapshot in tests/fixtures/osv: matching (OSV
+"""The vulnerability gate, against the small OSV snapshot in tests/fixtures/osv: matching (OSV
 ranges), severity (CVSS v3), the policy (fail_on, allowlist with reason and expiry, unused entries),
 "unknown" when no source answers (never a pass), images.yaml's audit.python validated with
 locations, and publish refusing a cell whose lock pins a known-vulnerable release."""

@@ -1,4 +1,4 @@
-"""#13 locks: what a cell's lock must hold, the lock file, `build.py lock --check` (offline), the tag
+"""Locks: what a cell's lock must hold, the lock file, `build.py lock --check` (offline), the tag
 ranking that picks the one wheel a target installs, and uv's environment (no credentials in argv)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""#13 the host side of a build: the wheel store (download, verify, refuse a changed file), the
+"""The host side of a build: the wheel store (download, verify, refuse a changed file), the
 host's index settings (a mirror with credentials that never show), and the staged build context."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The CI workflow: valid against GitHub's workflow schema (check-jsonschema, which ships the
 schema, so this runs offline), wired to images.yaml rather than to a hand-kept list, and held to
-the rules of #11, #15 and #16:
+these rules:
 
 - every third-party action pinned by commit SHA with its tag in a comment; self-hosted checkouts
   with ``persist-credentials: false`` (each rule is also shown to catch a broken workflow);
@@ -203,13 +203,13 @@ PUBLISH_OVERRIDES = ("--publish-unchanged", "--allow-stale-os", "--allow-unteste
 
 
 def publish_override_problems(wf: Mapping[str, Any]) -> list[str]:
-    """#16: where the workflow would publish an unchanged cell again, a stale OS, or skip the smoke gate."""
+    """Where the workflow would publish an unchanged cell again, a stale OS, or skip the smoke gate."""
     text = json.dumps(wf["jobs"])  # every step and env, not the header comment that names the flags
     return [f"{flag} in a job" for flag in PUBLISH_OVERRIDES if flag in text]
 
 
 def test_an_unchanged_week_publishes_nothing(wf: dict[str, Any]) -> None:
-    """#16: the scheduled and manual runs publish with plain `make publish`, after the fresh build and
+    """The scheduled and manual runs publish with plain `make publish`, after the fresh build and
     the GPU smoke gate. publish skips a cell whose floating tag already holds the same recipe and
     packages and refuses a stale OS by default; nothing in the workflow or the make target turns
     either off (nor the smoke gate)."""
@@ -265,7 +265,7 @@ def test_cpu_and_gpu_jobs_build_and_test_each_cell(wf: dict[str, Any]) -> None:
     for job in (build, gpu):
         assert job["env"]["CELL"] == "${{ matrix.name }}"
         assert job["strategy"]["fail-fast"] is False
-    # GitHub-hosted: ubuntu-latest, and for linux/arm64 cells (#14) its arm64 runner
+    # GitHub-hosted: ubuntu-latest, and for linux/arm64 cells its arm64 runner
     assert build["runs-on"] == "${{ matrix.platform == 'linux/arm64' && 'ubuntu-24.04-arm' || 'ubuntu-latest' }}"
     assert "--platforms all" in _runs(gpu) and "--platforms all" in _runs(wf["jobs"]["publish"])
     runs = _runs(build)
@@ -321,7 +321,7 @@ def test_no_publish_is_dropped(wf: dict[str, Any]) -> None:
     assert pub["group"] == "publish-${{ github.ref }}" and pub["cancel-in-progress"] is False
 
 
-# --- #11: pull-request code and the publisher never meet -----------------------------------
+# --- pull-request code and the publisher never meet ---------------------------------------
 
 
 def isolation_problems(wf: Mapping[str, Any]) -> list[str]:

@@ -1,8 +1,8 @@
 """`build.py audit`: what each image carries that already has a fix, one section per kind.
 
 Sections (builder/audit/sections.py): ``debian``, the image's pending Debian security updates
-against the live security suite (package, installed version, fixed version; #16); ``python``, each
-cell's lock against OSV advisories, with images.yaml's audit.python allowlist (#13). Audits the
+against the live security suite (package, installed version, fixed version); ``python``, each
+cell's lock against OSV advisories, with images.yaml's audit.python allowlist. Audits the
 selected cells' local images, or the images given with --image. Exit 0: nothing pending;
 1: something pending, or an audit could not run.
 """
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(ctx: Context) -> int:
     a = ctx.args
     names = list(dict.fromkeys(a.section)) or list(SECTIONS)
-    locks_only = names == [python.SECTION] and not a.image  # (#13) the cells' locks: no engine, no image
+    locks_only = names == [python.SECTION] and not a.image  # the cells' locks: no engine, no image
     if a.image:
         targets = [Target(ref) for ref in a.image]
     else:

@@ -1,6 +1,6 @@
 """`build.py base`: make each selected cell's base image available: local, else pull, else debootstrap.
 
-A base without the release's -updates and -security apt suites is refused, with the fix (#16).
+A base without the release's -updates and -security apt suites is refused, with the fix.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def run(ctx: Context) -> int:
             done[ref] = "present" if engine.image_exists(ref) else "would pull or bootstrap"
             continue
         try:
-            if cell.platform != DEFAULT_PLATFORM:  # #14: made under emulation (builder/build/base_foreign.py)
+            if cell.platform != DEFAULT_PLATFORM:  # made under emulation (builder/build/base_foreign.py)
                 if ctx.args.rebootstrap and cell.bootstrap:
                     base_foreign.bootstrap(engine, cell.bootstrap, ref, cell.platform, ctx.args.mirror,
                                            security_mirror=ctx.args.security_mirror)

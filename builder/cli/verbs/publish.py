@@ -86,7 +86,7 @@ def run(ctx: Context) -> int:
     cfg = PublishConfig(registry, allow_untested=a.allow_untested, dry_run=a.dry_run,
                         retry=RetryPolicy(attempts=a.attempts))
     gates = freshness_gates(ctx.engine(), client, ctx.matrix, a.allow_stale_os, a.publish_unchanged)
-    # (#13) known vulnerabilities in the Python distributions refuse a cell, like a stale OS
+    # Known vulnerabilities in the Python distributions refuse a cell, like a stale OS
     vuln_settings = python.Settings(ctx.docker_dir.parent, ctx.matrix.audit.python, python.sources_from(a.osv_dir))
     audited: dict[str, SectionResult] = {}
     if a.allow_unknown_vulns:

@@ -39,7 +39,7 @@ def run(ctx: Context) -> int:
         raise StepFailed(f"no image {ref} here; build it first (`build.py build --only ...`)")
     r = engine.run(ref, [contract.SBOM_FILE], entrypoint=["/bin/cat"], timeout=300)
     if r.exit_code != 0:
-        raise StepFailed(f"{ref} has no SBOM at {contract.SBOM_FILE} (built before #13?): rebuild it")
+        raise StepFailed(f"{ref} has no SBOM at {contract.SBOM_FILE} (built before images carried one?): rebuild it")
     text = r.output if r.output.endswith("\n") else r.output + "\n"
     try:
         bom = json.loads(text)
