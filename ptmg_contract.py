@@ -121,6 +121,25 @@ PT_STATE_DIRS: tuple[str, ...] = (STATE_DIR, "/var/lib/pt-multi-gpu")
 ENV_USER_PATH = "PTMG_PATH"
 ENV_WORKDIR = "PTMG_WORKDIR"
 
+# --- without the entrypoint (HPC runtimes, --entrypoint, any uid) ------------------
+#: The pip constraint made from the cell's lock: torch, torchvision, Triton and the CUDA wheels
+#: pinned, and the release's limits on its neighbours. pip (PIP_CONSTRAINT) and uv
+#: (UV_CONSTRAINT) honour it, so no install replaces the image's CUDA torch unasked.
+PIP_CONSTRAINT_FILE = "/etc/pip/constraint.txt"
+#: Distributions the constraint pins exactly (by canonical name or prefix).
+CONSTRAINED_NAMES: tuple[str, ...] = ("torch", "torchvision", "torchaudio", "triton", "pytorch-triton")
+CONSTRAINED_PREFIXES: tuple[str, ...] = ("nvidia-", "cuda-")
+#: The startup module every venv Python imports (a .pth in site-packages): a private, writable
+#: HOME and a user name when the runtime gives neither (entrypoint/ptmg_userenv.py).
+USERENV_MODULE = "ptmg_userenv"
+#: What the image's ENV adds for every runtime: no user site-packages (a ~/.local torch must
+#: not shadow the image's), and the pip constraint for pip and uv.
+RUNTIME_ENV: tuple[tuple[str, str], ...] = (
+    ("PYTHONNOUSERSITE", "1"),
+    ("PIP_CONSTRAINT", PIP_CONSTRAINT_FILE),
+    ("UV_CONSTRAINT", PIP_CONSTRAINT_FILE),
+)
+
 # --- services and ports ------------------------------------------------------------
 JUPYTER = "jupyter"
 TENSORBOARD = "tensorboard"

@@ -20,6 +20,9 @@ import time
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import where  # noqa: E402 - beside this file
+
 DEFAULT_OUT = "/workspace/runs/ddp-smoke"
 
 
@@ -133,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
 
     counts = {k: 0 for k in ("passed", "failed", "error", "skipped")}
     width = max([len(n) for n in recorder.order] + [10])
-    print(f"pt-multi-gpu selftest: {os.environ.get('PTMG_CELL', 'unknown cell')}")
+    print(f"pt-multi-gpu selftest: {os.environ.get('PTMG_CELL', 'unknown cell')} "
+          f"in {where.runtime()}, as uid {os.getuid()}")
     for nodeid in recorder.order:
         outcome, seconds, note = recorder.rows[nodeid]
         counts[outcome] += 1

@@ -80,8 +80,16 @@ def check_probe(spec: ImageSpec, probed: dict[str, object]) -> list[str]:
               "python": spec.python}
     if spec.nccl:
         expect["nccl"] = spec.nccl
-    return [f"{k}: images.yaml/compat data says {v}, the image has {probed.get(k)}"
-            for k, v in expect.items() if probed.get(k) != v]
+    out = [f"{k}: images.yaml/compat data says {v}, the image has {probed.get(k)}"
+           for k, v in expect.items() if probed.get(k) != v]
+    arch = probed.get("arch_list")
+    if isinstance(arch, list) and arch and set(arch) != set(spec.arch_list):
+        # the image's ENV (PTMG_CUDA_ARCH_LIST) and `selftest` expect the compat data's list
+        missing, extra = sorted(set(spec.arch_list) - set(arch)), sorted(set(arch) - set(spec.arch_list))
+        out.append(f"cuda arch list: the compat data says {' '.join(spec.arch_list)}, torch in the image has "
+                   f"{' '.join(arch)} (missing {missing or 'none'}, extra {extra or 'none'}); fix arch_list "
+                   "in builder/spec/compat_data.yaml")
+    return out
 
 
 def patch_labels(probed: dict[str, object], recipe: str) -> dict[str, str]:

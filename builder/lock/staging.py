@@ -8,7 +8,8 @@
   (torch, tools, devel), so each RUN's cache key is exactly its own wheels;
 - ``wheelhouse/<layer>.txt``: that layer's install lock (``name==version --hash=sha256:...``);
 - ``wheelhouse/uv``: the static uv for the build host, from its hash-verified wheel;
-- ``wheelhouse/sbom-input.json``: the lock's hashes and the cell's facts for the SBOM.
+- ``wheelhouse/sbom-input.json``: the lock's hashes and the cell's facts for the SBOM;
+- ``wheelhouse/pip-constraint.txt``: the image's pip constraint (:func:`pip_constraint`).
 
 The paths inside the context are the same for every cell and slot, so the Dockerfile text (and
 with it BuildKit's layer cache) does not depend on where a cell was staged. Files that did not
@@ -26,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import ptmg_contract as contract
 from builder.lock.model import CellLock, requirements_txt
 from builder.lock.target import LAYERS
 
@@ -33,6 +35,7 @@ BUILD_DIR = ".build"
 WHEELHOUSE = "wheelhouse"
 UV = f"{WHEELHOUSE}/uv"
 SBOM_INPUT = f"{WHEELHOUSE}/sbom-input.json"
+PIP_CONSTRAINT = f"{WHEELHOUSE}/pip-constraint.txt"
 
 
 def layer_dir(layer: str) -> str:
@@ -110,13 +113,32 @@ def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_fi
     for layer in LAYERS:
         for p in lock.layer(layer):
             wh_files[f"{layer_dir(layer)}/{p.wheel.filename}"] = wheel_file[p.wheel.filename]
-    made = frozenset({UV, SBOM_INPUT, *(layer_requirements(layer) for layer in LAYERS)})
+    made = frozenset({UV, SBOM_INPUT, PIP_CONSTRAINT, *(layer_requirements(layer) for layer in LAYERS)})
     sync_tree(ctx, {**sources, **wh_files}, made)  # everything else goes
     for layer in LAYERS:
         (ctx / layer_dir(layer)).mkdir(parents=True, exist_ok=True)
         write_if_changed(ctx / layer_requirements(layer), requirements_txt(lock.layer(layer)).encode())
     write_if_changed(ctx / UV, uv_binary, 0o755)
     write_if_changed(ctx / SBOM_INPUT, (json.dumps(sbom_input, indent=1, sort_keys=True) + "\n").encode())
+    write_if_changed(ctx / PIP_CONSTRAINT, pip_constraint(lock).encode())
+
+
+def constrained(name: str) -> bool:
+    """Whether the image pins this distribution exactly: torch, its companions, Triton, the CUDA wheels."""
+    return name in contract.CONSTRAINED_NAMES or name.startswith(contract.CONSTRAINED_PREFIXES)
+
+
+def pip_constraint(lock: CellLock) -> str:
+    """The image's pip constraint file: the lock's exact versions of torch, torchvision, Triton and
+    the CUDA wheels, and the release's limits on its neighbours (``numpy<2``, ``setuptools<82``:
+    the lock's requirements that are neither a pin nor a bare name). Anything else stays free."""
+    pins = [f"{p.name}=={p.version}" for p in lock.packages if constrained(p.name)]
+    limits = sorted({r for reqs in lock.requirements.values() for r in reqs
+                     if "==" not in r and any(op in r for op in "<>!~")})
+    head = (f"# pt-multi-gpu {lock.cell}: what `pip install` and `uv pip install` may not change\n"
+            f"# (PIP_CONSTRAINT, UV_CONSTRAINT). To install without it, for one command:\n"
+            f"#   PIP_CONSTRAINT= pip install ...     UV_CONSTRAINT= uv pip install ...\n")
+    return head + "".join(f"{line}\n" for line in [*sorted(pins), *limits])
 
 
 def sbom_input(lock: CellLock, facts: Mapping[str, str], lock_file: str, lock_digest: str) -> dict[str, Any]:

@@ -35,8 +35,10 @@ BASE_APT = (
 #: torch.compile in every image: Inductor's C++/OpenMP code (CPU) and Triton's C launcher stubs
 #: (GPU) need a C/C++ compiler and the Python headers; JIT C++ extensions too. g++ brings gcc,
 #: binutils, libc6-dev and OpenMP (libgomp1 and its link library). Not build-essential: make,
-#: dpkg-dev and perl add 47 MiB that compile never uses (the devel flavour adds them).
-COMPILE_APT = ("g++", "python3-dev")
+#: dpkg-dev and perl add 47 MiB that compile never uses (the devel flavour adds them). ninja-build
+#: (about 0.4 MB): torch.utils.cpp_extension.load/load_inline refuse to build without ninja
+#: ("Ninja is required to load C++ extensions"), so a JIT C++ op needs it beside the compiler.
+COMPILE_APT = ("g++", "ninja-build", "python3-dev")
 
 #: rdma-core's user space (about 3 MiB): NCCL dlopens libibverbs.so.1 (and, from 2.30, libmlx5.so.1
 #: of ibverbs-providers) to talk InfiniBand/RoCE; UCX and MPI use librdmacm. Debian trixie and
@@ -105,11 +107,9 @@ def devel_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
 
 
 def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
-    """torch, torchvision and any pin the release needs (NumPy 1.x for torch < 2.3)."""
-    reqs = [f"torch=={spec.torch}", f"torchvision=={spec.torchvision}"]
-    if spec.numpy:
-        reqs.append(f"numpy{spec.numpy}")
-    return tuple(sorted(reqs))
+    """torch, torchvision and the release's limits on its neighbours (compat data: NumPy 1.x for
+    torch < 2.3, setuptools with pkg_resources for torch < 2.2)."""
+    return tuple(sorted([f"torch=={spec.torch}", f"torchvision=={spec.torchvision}", *spec.neighbours]))
 
 
 #: What `build.py build` stages in the build context (builder/lock/staging.py), the same paths for
@@ -125,6 +125,7 @@ SOURCE_DATE_EPOCH = "315532800"
 def stage_paths() -> dict[str, object]:
     """The staged context paths the templates bind-mount (see WHEELHOUSE)."""
     return {"uv": f"{WHEELHOUSE}/uv", "sbom_input": f"{WHEELHOUSE}/sbom-input.json",
+            "pip_constraint": f"{WHEELHOUSE}/pip-constraint.txt",
             "wheels": {layer: f"{WHEELHOUSE}/{layer}" for layer in INSTALL_LAYERS},
             "requirements": {layer: f"{WHEELHOUSE}/{layer}.txt" for layer in INSTALL_LAYERS}}
 
@@ -143,6 +144,7 @@ def image_env(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
         contract.ENV_CUDA_ARCH_LIST: '"' + " ".join(spec.arch_list) + '"',
         contract.ENV_FLAVOUR: spec.flavour,
         contract.ENV_TORCH_COMPILE: "yes" if spec.compile_supported else f'"no: {spec.compile_note}"',
+        **dict(contract.RUNTIME_ENV),
     }
     if spec.compile_supported and not spec.cpu_only:
         env["TRITON_LIBCUDA_PATH"] = contract.LIBCUDA_LINK_DIR

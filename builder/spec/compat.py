@@ -75,8 +75,13 @@ class CudaVariant:
     nccl: str | None  # None: unconfirmed
     source: str  # "pypi" or a download.pytorch.org index URL
     arch_list: tuple[str, ...]  # ("sm_50", ..., "sm_90") and PTX "compute_XX"
+    aarch64_arch_list: tuple[str, ...]  # the linux aarch64 wheel's, where it differs; () = arch_list
     min_driver: str  # minor-version-compatibility floor of the CUDA major
     min_driver_full: str  # driver of the build toolkit (CUDA_RN Table 3)
+
+    def arch_for(self, arch: str) -> tuple[str, ...]:
+        """The CUDA targets of this variant's wheel for a platform architecture (amd64, arm64)."""
+        return self.aarch64_arch_list if arch == "arm64" and self.aarch64_arch_list else self.arch_list
 
     @property
     def from_pypi(self) -> bool:
@@ -100,7 +105,7 @@ class TorchRelease:
     default_cuda: str  # CUDA of the PyPI wheel
     aarch64_cuda: str | None  # CUDA of PyPI's linux aarch64 wheel; None: that wheel is CPU-only
     compile_python: tuple[str, ...]  # the Pythons torch.compile supports in this release
-    numpy: str | None  # pip spec needed for a working install ("<2"), or None
+    neighbours: tuple[str, ...]  # what this torch needs of packages it doesn't pin: ("numpy<2", ...)
     variants: Mapping[str, CudaVariant]  # keyed by CUDA "12.6", ascending
 
     @property

@@ -7,15 +7,13 @@ for unknown keys, a suggestion. Read through the one YAML-with-positions loader
 
 from __future__ import annotations
 
-import difflib
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.common.versions import Version
-from builder.common.yamlpos import PosDict, ProblemsError, load, read_text
+from builder.common.yamlpos import ProblemsError, load, read_text
 from builder.spec.compat import (
     DATA_FILE,
     INDEX_URL,
@@ -25,6 +23,24 @@ from builder.spec.compat import (
     CudaVariant,
     FrozenMap,
     TorchRelease,
+)
+from builder.spec.compat_fields import (
+    _RE_CUDA,
+    _RE_CUDA_MAJOR,
+    _RE_CUDNN,
+    _RE_DRIVER,
+    _RE_PIP_NAME,
+    _RE_RELEASE,
+    _arch_list,
+    _at,
+    _check_keys,
+    _Errors,
+    _field,
+    _key_ok,
+    _mapping,
+    _neighbours,
+    _python_list,
+    _string,
 )
 
 
@@ -54,101 +70,13 @@ def _load_cached(path: Path) -> Compat:
 # Validation and conversion
 # --------------------------------------------------------------------------
 
-_RE_RELEASE = re.compile(r"\d+\.\d+\.\d+")
-_RE_CUDA = re.compile(r"\d+\.\d+")
-_RE_CUDA_MAJOR = re.compile(r"\d+")
-_RE_PIP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?")
-_RE_PYTHON = re.compile(r"3\.\d+")
-_RE_CUDNN = re.compile(r"\d+\.\d+\.\d+\.\d+")
-_RE_DRIVER = re.compile(r"\d+(\.\d+)*")
-_RE_ARCH = re.compile(r"(sm|compute)_\d+[af]?")
-_RE_NUMPY = re.compile(r"(~=|==|!=|<=|>=|<|>)\s*\d+(\.\d+)*(\s*,\s*(~=|==|!=|<=|>=|<|>)\s*\d+(\.\d+)*)*")
-
 _TOP_KEYS = frozenset({"min_driver", "devel_toolkit", "releases"})
 _DRIVER_KEYS = frozenset({"minor_compat_floor", "cuda"})
 _DRIVER_CUDA_KEYS = frozenset({"min_driver", "min_driver_full"})
 _RELEASE_KEYS = frozenset({"python", "torchvision", "torchaudio", "default_cuda", "aarch64_cuda", "compile_python",
-                           "numpy", "variants"})
+                           "neighbours", "variants"})
 _VARIANT_KEYS = frozenset({"cuda_full", "cudnn", "nccl", "source", "arch_list"})
-
-
-class _Errors:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.items: list[str] = []
-
-    def add(self, line: int | None, where: str, msg: str) -> None:
-        loc = f"{self.path}:{line}" if line else str(self.path)
-        self.items.append(f"{loc}: {where}: {msg}" if where else f"{loc}: {msg}")
-
-
-def _at(obj: object, key: object) -> int | None:
-    """Line of ``key`` inside a loaded mapping (None if obj is not one)."""
-    return obj.at(key) if isinstance(obj, PosDict) else None
-
-
-def _mapping(errors: _Errors, obj: object, where: str, line: int | None) -> PosDict | None:
-    if isinstance(obj, PosDict):
-        return obj
-    errors.add(line, where, f"must be a mapping, got {type(obj).__name__}")
-    return None
-
-
-def _check_keys(errors: _Errors, data: PosDict, where: str, allowed: frozenset[str]) -> bool:
-    ok = True
-    for key in data:
-        if key not in allowed:
-            hint = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-            extra = f" (did you mean {hint[0]!r}?)" if hint else f" (allowed: {', '.join(sorted(allowed))})"
-            errors.add(data.at(key), where, f"unknown key {key!r}{extra}")
-    for key in sorted(allowed - data.keys()):
-        errors.add(data.line, where, f"missing key {key!r}")
-        ok = False
-    return ok
-
-
-def _string(
-    errors: _Errors,
-    value: object,
-    where: str,
-    line: int | None,
-    pattern: re.Pattern[str] | None = None,
-    *,
-    nullable: bool = False,
-    example: str = "",
-) -> str | None:
-    if value is None:
-        if not nullable:
-            errors.add(line, where, "must not be null")
-        return None
-    if not isinstance(value, str):
-        hint = f" (quote it: '{value}')" if isinstance(value, (int, float)) else ""
-        errors.add(line, where, f"must be a quoted string, got {type(value).__name__} {value!r}{hint}")
-        return None
-    if pattern is not None and not pattern.fullmatch(value):
-        errors.add(line, where, f"malformed value {value!r}" + (f" (expected like {example!r})" if example else ""))
-        return None
-    return value
-
-
-def _field(
-    errors: _Errors,
-    data: PosDict,
-    key: str,
-    where: str,
-    pattern: re.Pattern[str] | None = None,
-    *,
-    nullable: bool = False,
-    example: str = "",
-) -> str | None:
-    """``data[key]`` as a checked string, reported as ``where.key`` at the key's line."""
-    return _string(errors, data[key], f"{where}.{key}", data.at(key), pattern, nullable=nullable, example=example)
-
-
-def _key_ok(
-    errors: _Errors, key: object, *, where: str, line: int | None, pattern: re.Pattern[str], example: str
-) -> str | None:
-    return _string(errors, key, f"{where}: key", line, pattern, example=example)
+_VARIANT_OPTIONAL = frozenset({"aarch64_arch_list"})
 
 
 @dataclass(frozen=True)
@@ -212,24 +140,15 @@ def _build_variant(
     errors: _Errors, cuda: str, obj: object, *, where: str, line: int | None, drivers: Mapping[str, _DriverRow]
 ) -> CudaVariant | None:
     data = _mapping(errors, obj, where, line)
-    if data is None or not _check_keys(errors, data, where, _VARIANT_KEYS):
+    if data is None or not _check_keys(errors, data, where, _VARIANT_KEYS, _VARIANT_OPTIONAL):
         return None
     at = data.at
     cuda_full = _field(errors, data, "cuda_full", where, _RE_RELEASE, example=f"{cuda}.0")
     cudnn = _field(errors, data, "cudnn", where, _RE_CUDNN, example="9.5.1.17")
     nccl = _field(errors, data, "nccl", where, _RE_RELEASE, nullable=True, example="2.26.2")
     source = _field(errors, data, "source", where)
-    arch_raw = data["arch_list"]
-    arch: list[str] = []
-    if not isinstance(arch_raw, list) or not arch_raw:
-        errors.add(at("arch_list"), f"{where}.arch_list", "must be a non-empty list like [sm_80, sm_90]")
-    else:
-        for a in arch_raw:
-            s = _string(errors, a, f"{where}.arch_list", at("arch_list"), _RE_ARCH, example="sm_90")
-            if s is not None:
-                if s in arch:
-                    errors.add(at("arch_list"), f"{where}.arch_list", f"duplicate {s!r}")
-                arch.append(s)
+    arch = _arch_list(errors, data, "arch_list", where)
+    arm = _arch_list(errors, data, "aarch64_arch_list", where) if "aarch64_arch_list" in data else []
     if cuda_full is not None and not cuda_full.startswith(cuda + "."):
         errors.add(at("cuda_full"), f"{where}.cuda_full", f"{cuda_full} is not a CUDA {cuda} toolkit")
         cuda_full = None
@@ -256,25 +175,10 @@ def _build_variant(
         nccl=nccl,
         source=source,
         arch_list=tuple(arch),
+        aarch64_arch_list=tuple(arm),
         min_driver=row.min_driver,
         min_driver_full=full_drv,
     )
-
-
-def _python_list(errors: _Errors, data: PosDict, key: str, where: str, *, allow_empty: bool = False) -> list[str]:
-    """An ascending list of CPython minors (``['3.10', '3.11']``) at ``data[key]``."""
-    out: list[str] = []
-    raw = data[key]
-    if not isinstance(raw, list) or (not raw and not allow_empty):
-        errors.add(data.at(key), f"{where}.{key}", "must be a non-empty list like ['3.10', '3.11']")
-        return out
-    for p in raw:
-        s = _string(errors, p, f"{where}.{key}", data.at(key), _RE_PYTHON, example="3.11")
-        if s is not None:
-            out.append(s)
-    if len(set(out)) != len(out) or out != sorted(out, key=Version.parse):
-        errors.add(data.at(key), f"{where}.{key}", "must be ascending without duplicates")
-    return out
 
 
 def _build_release(
@@ -294,7 +198,7 @@ def _build_release(
     ta = _field(errors, data, "torchaudio", where, _RE_RELEASE, nullable=True, example="2.7.0")
     default = _field(errors, data, "default_cuda", where, _RE_CUDA, example="12.6")
     aarch64 = _field(errors, data, "aarch64_cuda", where, _RE_CUDA, nullable=True, example="13.0")
-    numpy = _field(errors, data, "numpy", where, _RE_NUMPY, nullable=True, example="<2")
+    neighbours = _neighbours(errors, data, where)
     variants: dict[str, CudaVariant] = {}
     vdata = _mapping(errors, data["variants"], f"{where}.variants", at("variants"))
     if vdata is not None:
@@ -322,7 +226,7 @@ def _build_release(
                 errors.add(sline, sw, f"only the default_cuda variant ({default!r}) comes from PyPI")
             if not v.from_pypi and c == default:
                 errors.add(sline, sw, f"the default_cuda variant must have source {PYPI_SOURCE!r}")
-    if default is None or (numpy is None and data["numpy"] is not None) or not python or vdata is None:
+    if default is None or neighbours is None or not python or vdata is None:
         return None
     return TorchRelease(
         version=version,
@@ -332,7 +236,7 @@ def _build_release(
         default_cuda=default,
         aarch64_cuda=aarch64,
         compile_python=tuple(compile_python),
-        numpy=numpy,
+        neighbours=neighbours,
         variants=FrozenMap(sorted(variants.items(), key=lambda kv: Version.parse(kv[0]))),
     )
 

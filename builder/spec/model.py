@@ -94,7 +94,7 @@ class ImageSpec:
     os: str
     bootstrap: str  # debootstrap suite, or "" when the base can only be pulled
     wheel_source: str  # "pypi" or a PyTorch index URL
-    numpy: str | None  # extra pin for releases built against NumPy 1.x
+    neighbours: tuple[str, ...]  # the release's limits on its neighbours ("numpy<2", "setuptools<82")
     apt: tuple[str, ...]
     pip: tuple[str, ...]
     tools: tuple[str, ...]

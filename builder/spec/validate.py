@@ -191,10 +191,11 @@ class Checker:
             cuda_full=variant.cuda_full if variant else "", cudnn=variant.cudnn if variant else "",
             cudnn_major=variant.cudnn_major if variant else 0, nccl=variant.nccl if variant else None,
             python=str(python), flavour=flavour, base=base, os=base_info["os"],
-            bootstrap=base_info["bootstrap"], wheel_source=variant.source if variant else "pypi", numpy=rel.numpy,
+            bootstrap=base_info["bootstrap"], wheel_source=variant.source if variant else "pypi",
+            neighbours=rel.neighbours,
             apt=tuple(sorted(set(fields.get("apt", ())))),
             pip=tuple(sorted(set(fields.get("pip", ())))), tools=tuple(sorted(set(fields.get("tools", ())))),
-            min_driver=variant.min_driver if variant else "", arch_list=variant.arch_list if variant else (),
+            min_driver=variant.min_driver if variant else "", arch_list=variant.arch_for(arch) if variant else (),
             latest=False, loc=self.doc.at(cell_path), platform=platform, compile_python=rel.compile_python,
             devel_toolkit=self.compat.devel_toolkit.get(cuda.split(".")[0], "") if flavour == "devel" else "",
         )

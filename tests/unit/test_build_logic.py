@@ -127,3 +127,15 @@ def test_doctor_old_driver(cell: ImageSpec) -> None:
 def test_doctor_disk() -> None:
     assert doctor.disk_finding(100 * doctor.GB, 3).level == "ok"
     assert doctor.disk_finding(5 * doctor.GB, 3).level == "fail"
+
+
+def test_check_probe_fails_on_an_arch_list_the_compat_data_does_not_match(cell: ImageSpec) -> None:
+    """The image's ENV (PTMG_CUDA_ARCH_LIST) and its selftest expect the compat data's list: a
+    wheel with another list must fail the build, not the user's selftest."""
+    good: dict[str, object] = {"torch": "2.7.0", "torchvision": "0.22.0", "cuda": "12.6", "cudnn": "9.5.1.17",
+                               "nccl": "2.26.2", "python": "3.11", "arch_list": list(cell.arch_list)}
+    assert probe.check_probe(cell, good) == []
+    (msg,) = probe.check_probe(cell, {**good, "arch_list": [*cell.arch_list, "compute_90"]})
+    assert "cuda arch list" in msg and "extra ['compute_90']" in msg and "compat_data.yaml" in msg
+    (msg,) = probe.check_probe(cell, {**good, "arch_list": list(cell.arch_list[1:])})
+    assert f"missing [{cell.arch_list[0]!r}]" in msg

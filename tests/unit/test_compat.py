@@ -60,14 +60,15 @@ def test_load_is_cached() -> None:
 # (torch, expected PyPI-default variant); cuDNN/NCCL verified against the PyPI wheels' Requires-Dist.
 ARCH_KEPLER_TO_AMPERE = ("sm_37", "sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86")
 ARCH_MAXWELL_TO_HOPPER = ("sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90")
-ARCH_TURING_TO_BLACKWELL_PTX = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120", "compute_120")
+ARCH_TURING_TO_BLACKWELL = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+ARCH_AARCH64_2_14 = ("sm_80", "sm_90", "sm_100", "sm_110", "sm_120")
 CELLS = [
     ("2.0.1", CudaVariant("11.7", "11.7.0", "8.5.0.96", 8, "2.14.3", "pypi",
-                          ARCH_KEPLER_TO_AMPERE, "450.80.02", "515.43.04")),
+                          ARCH_KEPLER_TO_AMPERE, (), "450.80.02", "515.43.04")),
     ("2.7.0", CudaVariant("12.6", "12.6.3", "9.5.1.17", 9, "2.26.2", "pypi",
-                          ARCH_MAXWELL_TO_HOPPER, "525.60.13", "560.35.05")),
+                          ARCH_MAXWELL_TO_HOPPER, (), "525.60.13", "560.35.05")),
     ("2.14.1", CudaVariant("13.0", "13.0.2", "9.24.0.43", 9, "2.30.7", "pypi",
-                           ARCH_TURING_TO_BLACKWELL_PTX, "580", "580.95.05")),
+                           ARCH_TURING_TO_BLACKWELL, ARCH_AARCH64_2_14, "580", "580.95.05")),
 ]  # fmt: skip
 
 
@@ -88,7 +89,7 @@ def test_2_0_1(compat: Compat) -> None:
     assert rel is not None
     assert rel.python == ("3.8", "3.9", "3.10", "3.11")
     assert (rel.torchvision, rel.torchaudio) == ("0.15.2", "2.0.2")
-    assert rel.numpy == "<2"
+    assert rel.neighbours == ("numpy<2", "setuptools<82")
     assert list(rel.variants) == ["11.7", "11.8"]
     assert "12.6" not in rel.variants
     assert rel.variants.get("12.6") is None
@@ -112,11 +113,11 @@ def test_2_7_0(compat: Compat) -> None:
     rel = compat.release("2.7.0")
     assert rel is not None
     assert rel.python == ("3.9", "3.10", "3.11", "3.12", "3.13")
-    assert (rel.torchvision, rel.torchaudio, rel.numpy) == ("0.22.0", "2.7.0", None)
+    assert (rel.torchvision, rel.torchaudio, rel.neighbours) == ("0.22.0", "2.7.0", ())
     assert list(rel.variants) == ["11.8", "12.6", "12.8"]
     assert rel.variants["12.6"].arch_list == ARCH_MAXWELL_TO_HOPPER
     cu128 = rel.variants["12.8"]
-    assert cu128.arch_list == ARCH_TURING_TO_BLACKWELL_PTX
+    assert cu128.arch_list == (*ARCH_TURING_TO_BLACKWELL, "compute_120")
     assert cu128.nccl is None  # unconfirmed
     assert cu128.min_driver_full == "570.26"
 
@@ -185,9 +186,13 @@ def test_invariants(compat: Compat) -> None:
             assert all(re.fullmatch(r"(sm|compute)_\d+", a) for a in v.arch_list)
 
 
-def test_numpy_pin_only_before_2_3(compat: Compat) -> None:
+def test_neighbour_limits(compat: Compat) -> None:
+    """NumPy 1.x before 2.3; setuptools with pkg_resources where cpp_extension imports it (< 2.2)."""
     for version, rel in compat.releases.items():
-        assert rel.numpy == ("<2" if _vt(version) < (2, 3) else None), version
+        want = {"numpy<2"} if _vt(version) < (2, 3) else set()
+        if _vt(version) < (2, 2):
+            want.add("setuptools<82")
+        assert set(rel.neighbours) == want, version
 
 
 def test_cudnn_major_switches_at_2_4(compat: Compat) -> None:
@@ -329,13 +334,13 @@ def test_bad_values(tmp_path: Path) -> None:
     data = _raw()
     rel = data["releases"]["2.9.0"]
     rel["python"] = ["3.11", "3.10"]
-    rel["numpy"] = "two"
+    rel["neighbours"] = {"numpy": "two"}
     rel["variants"]["12.6"]["cudnn"] = "9"
     rel["variants"]["12.6"]["arch_list"] = []
     rel["variants"]["12.8"]["cuda_full"] = "12.6.3"
     msg = _errors(_write(tmp_path, data))
     assert "releases['2.9.0'].python: must be ascending without duplicates" in msg
-    assert "releases['2.9.0'].numpy: malformed value 'two'" in msg
+    assert "releases['2.9.0'].neighbours['numpy']: malformed value 'two'" in msg
     assert "releases['2.9.0'].variants['12.6'].cudnn: malformed value '9' (expected like '9.5.1.17')" in msg
     assert "releases['2.9.0'].variants['12.6'].arch_list: must be a non-empty list" in msg
     assert "releases['2.9.0'].variants['12.8'].cuda_full: 12.6.3 is not a CUDA 12.8 toolkit" in msg
@@ -370,7 +375,7 @@ def test_duplicate_key_in_text(tmp_path: Path) -> None:
             "    torchvision: null",
             "    torchaudio: null",
             "    default_cuda: '13.2'",
-            "    numpy: null",
+            "    neighbours: {}",
             "    variants: {}",
             "",
         ]

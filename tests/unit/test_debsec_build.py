@@ -71,7 +71,7 @@ class FakeEngine:
         record = {"updated": ["2026-12-01T06:00:00Z"], "snapshot": [self.last_snapshot],
                   "suite": ["bookworm-security 2026-11-29T00:53:13Z", "bookworm 2026-07-11T10:16:37Z"]}
         probed = {"torch": s.torch, "torchvision": s.torchvision, "cuda": s.cuda, "cudnn": s.cudnn, "nccl": s.nccl,
-                  "python": s.python, "arch_list": ["sm_80"], "os_patch": record, "os_packages": "sha256:" + "1" * 64,
+                  "python": s.python, "arch_list": list(s.arch_list), "os_patch": record, "os_packages": "sha256:" + "1" * 64,
                   "venv_packages": "sha256:" + "2" * 64}
         return RunResult(0, json.dumps(probed))
 

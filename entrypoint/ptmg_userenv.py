@@ -1,0 +1,89 @@
+"""Give every Python in the image's venv a usable home, whoever runs it and however.
+
+HPC runtimes (pyxis/enroot, Apptainer, Charliecloud) and `docker run --user N` start the image
+without its entrypoint, as a uid that may have no passwd entry, with HOME unset, pointing at a
+missing directory, or on a read-only root. torch, Triton, Inductor, matplotlib and Jupyter then
+fail where they write their caches (~/.triton, ~/.cache, ~/.config/matplotlib, ~/.local/share/
+jupyter), and getpass.getuser() raises KeyError (Inductor names /tmp/torchinductor_<user> by it).
+
+Imported at interpreter start by the venv's ``ptmg_userenv.pth``, this module changes nothing
+when HOME is a writable directory and the user has a name. Otherwise, for this process and its
+children only:
+
+- USER/LOGNAME become ``uid<N>`` when neither is set and the uid has no passwd entry;
+- HOME becomes a private directory ``ptmg-<uid>/home`` (mode 0700, owned by this uid, never
+  followed through a symlink) under the first writable of $TMPDIR, /tmp, /var/tmp, /dev/shm;
+  the XDG caches, Triton's, Inductor's, matplotlib's and Jupyter's state follow HOME;
+- TMPDIR becomes that private directory too when no usual temporary directory is writable.
+
+It must never stop Python from starting: any error leaves the environment as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+
+_TEMP_CANDIDATES = ("/tmp", "/var/tmp", "/dev/shm")
+_USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() reads first
+
+
+def writable_dir(path: str | None) -> bool:
+    return path is not None and path != "" and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def private_dir(parent: str, uid: int) -> str | None:
+    """``parent/ptmg-<uid>``, made 0700 if missing; None unless it is this uid's own, real,
+    private directory (another user may have planted a file or a link by that name)."""
+    path = os.path.join(parent, f"ptmg-{uid}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or st.st_mode & 0o077:
+        return None
+    return path
+
+
+def fix(environ: dict[str, str] | os._Environ[str], uid: int) -> dict[str, str]:
+    """What to change in ``environ`` for ``uid`` (and do it); empty when nothing was needed."""
+    changed: dict[str, str] = {}
+    if not any(environ.get(k) for k in _USER_VARS):
+        try:
+            import pwd
+
+            pwd.getpwuid(uid)
+        except KeyError:
+            changed["USER"] = changed["LOGNAME"] = f"uid{uid}"
+    if not writable_dir(environ.get("HOME")):
+        for parent in (environ.get("TMPDIR"), *_TEMP_CANDIDATES):
+            if not parent or not writable_dir(parent):
+                continue
+            base = private_dir(parent, uid)
+            if base is None:
+                continue
+            home = os.path.join(base, "home")
+            try:
+                os.makedirs(home, 0o700, exist_ok=True)
+            except OSError:
+                continue
+            changed["HOME"] = home
+            if not any(writable_dir(environ.get("TMPDIR") if d is None else d)
+                       for d in (None, *_TEMP_CANDIDATES[:2])):
+                changed["TMPDIR"] = base
+            break
+    environ.update(changed)
+    return changed
+
+
+def main() -> None:
+    """The .pth's call. Any error leaves the environment as it was."""
+    with contextlib.suppress(Exception):  # never stop the interpreter from starting
+        fix(os.environ, os.getuid())
