@@ -3,6 +3,7 @@
 #
 #   scripts/ensure-tools.sh images          # what `make images` needs (debootstrap)
 #   scripts/ensure-tools.sh emulation       # qemu >= 10 for linux/arm64 cells, registered with binfmt_misc
+#   scripts/ensure-tools.sh export          # `build.py export`: squashfs-tools, siftool
 #   scripts/ensure-tools.sh test            # everything the docker test tier drives
 #
 # - As root on Debian: installs the missing packages with apt-get (qemu from bookworm-backports,
@@ -20,12 +21,15 @@ packages_for() {
     case "$1" in
         images) echo "debootstrap" ;;
         emulation) echo "qemu-user-static binfmt-support" ;;
+        export) echo "squashfs-tools siftool" ;;
         # docker-registry: publish tests; docker-compose: compose.yaml; openssh-client: SSH tests;
         # chromium: the browser test; slurm-wlm + munge: the Slurm tests; skopeo: multi-platform
-        # publish; the rest as for images and emulation.
+        # publish; charliecloud-runtime + squashfuse + fuse-overlayfs: an HPC runtime runs the
+        # exported squashfs unprivileged; the rest as for images, emulation and export.
         test) echo "debootstrap docker-registry docker-compose openssh-client chromium slurm-wlm munge skopeo"
-              packages_for emulation ;;
-        *) say "unknown group '$1' (images, emulation, test)"; exit 2 ;;
+              echo "charliecloud-runtime squashfuse fuse-overlayfs"
+              packages_for emulation; packages_for export ;;
+        *) say "unknown group '$1' (images, emulation, export, test)"; exit 2 ;;
     esac
 }
 
@@ -35,11 +39,21 @@ qemu_major() {
     "$exe" --version 2>/dev/null | sed -n 's/.*version \([0-9]*\)\..*/\1/p' | head -n 1
 }
 
+# Charliecloud mounts the exported squashfs with squashfuse as an unprivileged user, which needs
+# /dev/fuse open to everyone: Debian's udev rule makes it 0666, and this machine's (no udev) 0600.
+fuse_for_users() {
+    if [ -c /dev/fuse ] && [ "$(stat -c %a /dev/fuse)" != 666 ] && [ "$(id -u)" = 0 ]; then
+        say "making /dev/fuse 0666, as Debian's udev rule does (unprivileged squashfuse for ch-run)"
+        chmod 0666 /dev/fuse
+    fi
+}
+
 is_debian_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -r /etc/debian_version ]; }
 
 missing=()
 want_qemu=false
 for group in "$@"; do
+    [ "$group" = test ] && fuse_for_users
     for pkg in $(packages_for "$group"); do
         [ "$pkg" = qemu-user-static ] && want_qemu=true
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")

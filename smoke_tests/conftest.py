@@ -87,7 +87,7 @@ def _gpu_ids() -> list[str]:
 #: Run order: the quick version checks first, the torchrun launches last. test_compile and
 #: test_devel (torch.compile on the GPU, the devel flavour's kernel build) are hooks for
 #: their own files: they run after the GPU checks and before the DDP launches when present.
-ORDER = ("test_versions", "test_gpu", "test_compile", "test_devel", "test_ddp", "test_seeds")
+ORDER = ("test_versions", "test_gpu", "test_compile", "test_extensions", "test_devel", "test_ddp", "test_seeds")
 
 
 def pytest_collection_modifyitems(items: list[Any]) -> None:
@@ -114,8 +114,8 @@ def emulation_skip(item: Any, where: str) -> str:
     if item.get_closest_marker("ddp") or item.get_closest_marker("seed"):
         return (f"under emulation ({where}): torchrun launches take minutes each; `build.py test` runs the "
                 "2-rank gloo DDP job once instead")
-    if item.module.__name__.rsplit(".", 1)[-1] == "test_compile":
-        return f"under emulation ({where}): torch.compile runs g++ under qemu (minutes per kernel)"
+    if item.module.__name__.rsplit(".", 1)[-1] in ("test_compile", "test_extensions"):
+        return f"under emulation ({where}): torch.compile and C++ extensions run g++ under qemu (minutes each)"
     return ""
 
 

@@ -320,6 +320,18 @@ class Engine:
             return None
         return b"".join(stream)
 
+    @_translated
+    def export_filesystem(self, image: str, write: Callable[[bytes], None]) -> None:
+        """``docker export`` of a created (never started), labelled container of ``image``: its
+        root filesystem as a tar stream, handed to ``write`` chunk by chunk; the container goes."""
+        obj = self.client.containers.create(image, command=["true"], entrypoint=[], labels=dict(self.labels))
+        try:
+            for chunk in obj.export(chunk_size=1 << 20):
+                write(chunk)
+        finally:
+            with contextlib.suppress(docker.errors.APIError):
+                obj.remove(force=True, v=True)
+
     # --- networks ------------------------------------------------------------
     @_translated
     def create_network(self, name: str) -> Network:

@@ -1,9 +1,23 @@
 """Every verb of `build.py`, in the order `--help` and the README list them."""
 
 from builder.cli.registry import Verb
-from builder.cli.verbs import audit, base, build, diff, doctor, launch, lock, matrix, publish, render, sbom, test
+from builder.cli.verbs import (
+                               audit,
+                               base,
+                               build,
+                               diff,
+                               doctor,
+                               export,
+                               launch,
+                               lock,
+                               matrix,
+                               publish,
+                               render,
+                               sbom,
+                               test,
+)
 
 VERBS: tuple[Verb, ...] = (matrix.VERB, render.VERB, lock.VERB, build.VERB, base.VERB, test.VERB, sbom.VERB,
-                           audit.VERB, diff.VERB, publish.VERB, launch.VERB, doctor.VERB)
+                           export.VERB, audit.VERB, diff.VERB, publish.VERB, launch.VERB, doctor.VERB)
 
 __all__ = ["VERBS", "Verb"]

@@ -1,0 +1,259 @@
+"""The image on HPC terms, with real clients: what users type, run exactly as they type it.
+
+- `docker run --rm IMAGE selftest` (README) passes for every default cell of images.yaml, and
+  `build.py test` (the harness path) for both seed cells;
+- python, pip, torchrun, jupyter and tensorboard work from every kind of shell without the
+  entrypoint, as pt and as a uid with no passwd entry, with HOME unset, on a read-only root,
+  where torch.compile, Triton and Jupyter find writable caches;
+- `pip install` cannot replace torch: the conflict names the pin and the way out; an unrelated
+  install works;
+- `build.py export` writes an enroot squashfs and a SIF (atomically; bad paths exit 2), and a
+  real HPC runtime, Charliecloud's unprivileged `ch-run`, runs the squashfs as a uid not in the
+  image's passwd, with $HOME bound, read-only: the selftest, a 2-rank gloo DDP job and
+  torch.compile pass, and a planted ~/.local torch is not imported. Its environment comes from
+  /ch/environment (`--set-env`), the same lines as enroot's /etc/environment: the pyxis/enroot
+  way; and, with no environment from the runtime, from /.singularity.d/env: the Apptainer way.
+
+Exports live in a private folder under /var/tmp and are deleted as soon as their test ends.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import ptmg_contract as contract
+from builder.spec import load_matrix
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_PY = [sys.executable, str(ROOT / "build.py")]
+SEEDS = ("2.0.1-cuda11.7-cudnn8-runtime", "2.7.0-cuda12.6-cudnn9-runtime")
+CELLS = [c for c in load_matrix(ROOT / "images.yaml").cells if not c.emulated]
+OTHER_UID = 4242  # in no passwd file, on the host or in the image
+TOOLS = ("python -c 'import torch, torchvision' && pip --version && torchrun --help >/dev/null"
+         " && jupyter --version >/dev/null && tensorboard --version >/dev/null && echo TOOLS-OK")
+
+
+def _docker(labels: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`docker run --rm` with this session's labels, as a user types it (plus the labels)."""
+    flags = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
+    return subprocess.run(["docker", "run", "--rm", *flags, *args], capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+def _need(ref: str) -> None:
+    if subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode != 0:
+        pytest.fail(f"{ref} is not built. Fix: make images", pytrace=False)
+
+
+# --- what the README says, for every cell ---------------------------------------------------
+@pytest.mark.parametrize("cell", [c.name for c in CELLS])
+def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[str, str]) -> None:
+    spec = next(c for c in CELLS if c.name == cell)
+    ref = spec.repository if spec.latest else spec.ref  # `docker run --rm pt-multi-gpu selftest` for latest
+    _need(ref)
+    r = _docker(session_labels, ref, "selftest", timeout=1500)
+    assert r.returncode == 0, f"`docker run --rm {ref} selftest` failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
+    assert f"pt-multi-gpu selftest: {cell} in docker" in r.stdout, r.stdout[-2000:]
+    assert re.search(r"PASS\s+test_cpp_extension", r.stdout), r.stdout[-3000:]
+
+
+@pytest.mark.parametrize("cell", SEEDS)
+def test_build_py_test_passes_on_both_seed_cells(cell: str, tmp_path: Path) -> None:
+    _need(f"pt-multi-gpu:{cell}")
+    r = subprocess.run([*BUILD_PY, "test", "--only", cell, "--junit-dir", str(tmp_path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=2400, check=False)
+    assert r.returncode == 0, f"build.py test --only {cell}:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
+
+
+# --- without the entrypoint ---------------------------------------------------------------------
+SHELLS = {
+    "login bash": ["bash", "-lc", TOOLS],
+    "bash -c": ["bash", "-c", TOOLS],
+    "login sh": ["sh", "-lc", TOOLS],
+    "sh -c": ["sh", "-c", TOOLS],
+}
+USERS = {
+    "pt": [],
+    "uid without passwd entry": ["--user", f"{OTHER_UID}:{OTHER_UID}"],
+    "no HOME, read-only root": ["--user", f"{OTHER_UID}:{OTHER_UID}", "--read-only", "-e", "HOME="],
+}
+
+
+@pytest.mark.parametrize("user", list(USERS))
+@pytest.mark.parametrize("shell", list(SHELLS))
+def test_tools_from_every_shell_without_the_entrypoint(test_image: str, session_labels: dict[str, str],
+                                                       shell: str, user: str) -> None:
+    r = _docker(session_labels, *USERS[user], "--entrypoint", "", test_image, *SHELLS[shell], timeout=300)
+    assert r.returncode == 0 and "TOOLS-OK" in r.stdout, f"{shell} as {user}:\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}"
+
+
+CACHES = r"""
+import getpass, os, tempfile, torch
+import jupyter_core.paths as jp
+print("user", getpass.getuser(), "home", os.environ["HOME"], "tmp", tempfile.gettempdir())
+for d in (jp.jupyter_runtime_dir(), jp.jupyter_data_dir()):
+    os.makedirs(d, exist_ok=True)
+f = torch.compile(lambda x: torch.sin(x) * 2 + 1)
+assert torch.allclose(f(torch.ones(8)), torch.sin(torch.ones(8)) * 2 + 1)
+from torch._inductor import config as ic
+print("CACHES-OK", ic.cache_dir() if hasattr(ic, "cache_dir") else "")
+"""
+
+
+def test_caches_are_writable_as_a_stranger_on_a_read_only_root(test_image: str,
+                                                                session_labels: dict[str, str]) -> None:
+    """HOME unset, uid with no name, / read-only (so /tmp too): torch.compile, Inductor's and
+    Triton's caches and Jupyter's runtime dir still find a private writable place."""
+    r = _docker(session_labels, "--user", f"{OTHER_UID}:{OTHER_UID}", "--read-only", "-e", "HOME=",
+                "--entrypoint", "", test_image, "python", "-c", CACHES, timeout=600)
+    assert r.returncode == 0 and "CACHES-OK" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    assert f"user uid{OTHER_UID} home /dev/shm/ptmg-{OTHER_UID}/home" in r.stdout, r.stdout
+
+
+# --- pip cannot replace torch -----------------------------------------------------------------------
+def _wheel(dest: Path, name: str, version: str) -> None:
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(dest / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}/__init__.py", "")
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+
+
+def test_pip_cannot_replace_torch_and_says_how(test_image: str, session_labels: dict[str, str],
+                                               tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "torch", "99.0.0")
+    _wheel(wheels, "ptmgdemo", "1.0")
+    tmp_path.chmod(0o755)
+    mount = ["-v", f"{wheels}:/wheels:ro", "--network", "none", "--entrypoint", "", test_image]
+    bad = _docker(session_labels, *mount, "pip", "install", "-q", "--no-index", "--find-links", "/wheels",
+                  "torch==99.0.0")
+    assert bad.returncode != 0, bad.stdout + bad.stderr
+    assert "pins torch==" in bad.stderr and "PIP_CONSTRAINT= pip install" in bad.stderr, bad.stderr
+    ok = _docker(session_labels, *mount, "sh", "-c",
+                 "pip install -q --no-index --find-links /wheels ptmgdemo && python -c 'import ptmgdemo, torch; "
+                 "print(\"PIP-OK\", torch.__version__)'")
+    assert ok.returncode == 0 and "PIP-OK" in ok.stdout, ok.stdout + ok.stderr
+
+
+# --- export and a real HPC runtime -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def export_dir() -> Iterator[Path]:
+    """A private folder other uids can traverse (ch-run runs as OTHER_UID and reads the export)."""
+    path = Path(tempfile.mkdtemp(prefix="ptmg-export-test-", dir="/var/tmp"))
+    path.chmod(0o755)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _export(cell: str, fmt: str, out: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*BUILD_PY, "export", cell, "--format", fmt, "-o", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800, check=False)
+
+
+def test_export_refuses_bad_paths_and_missing_images(export_dir: Path) -> None:
+    cell = SEEDS[1]
+    for out, want in ((export_dir / "no" / "x.sqsh", "does not exist"), (export_dir / "x.tar", "must end in .sqsh"),
+                      (export_dir, "is a directory")):
+        r = _export(cell, "sqsh", out)
+        assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = _export("pt-multi-gpu:no-such-image", "sqsh", export_dir / "x.sqsh")
+    assert r.returncode == 2 and "no image" in r.stderr, r.stderr
+    assert list(export_dir.iterdir()) == []
+
+
+def test_export_sif_is_a_sif_with_the_squashfs_inside(test_image: str, export_dir: Path) -> None:
+    sif = export_dir / "image.sif"
+    try:
+        r = _export(test_image, "sif", sif)
+        assert r.returncode == 0, r.stdout + r.stderr
+        listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True, check=True,
+                                 timeout=60).stdout
+        assert "Squashfs" in listing and "Primary" in listing.replace("Primary System", "Primary"), listing
+        assert [p.name for p in export_dir.iterdir()] == ["image.sif"]  # no temporary left
+    finally:
+        sif.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module")
+def sqsh(test_image: str, export_dir: Path) -> Iterator[Path]:
+    out = export_dir / "image.sqsh"
+    r = _export(test_image, "sqsh", out)
+    if r.returncode != 0:
+        pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
+    report = next((ROOT / "build-logs").glob("*.export-sqsh.json"), None)
+    assert report is not None and '"sha256"' in report.read_text()
+    try:
+        yield out
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def test_export_has_the_enroot_files(sqsh: Path) -> None:
+    listing = subprocess.run(["unsquashfs", "-cat", str(sqsh), "etc/rc"], capture_output=True, text=True,
+                             check=True, timeout=120).stdout
+    assert listing.startswith("# enroot-provenance: dockerd://") and f'exec {contract.TINI} ' in listing, listing
+    env = subprocess.run(["unsquashfs", "-cat", str(sqsh), "etc/environment"], capture_output=True, text=True,
+                         check=True, timeout=120).stdout
+    assert f"PATH={contract.VENV}/bin:" in env and "PIP_CONSTRAINT=" in env and "PYTHONNOUSERSITE=1" in env, env
+
+
+@pytest.fixture
+def stranger_home() -> Iterator[Path]:
+    """A home folder of OTHER_UID with a planted ~/.local torch that must never be imported."""
+    home = Path(tempfile.mkdtemp(prefix="ptmg-home-", dir="/var/tmp"))
+    try:
+        for py in ("3.10", "3.11", "3.12", "3.13"):
+            planted = home / ".local" / "lib" / f"python{py}" / "site-packages" / "torch"
+            planted.mkdir(parents=True)
+            (planted / "__init__.py").write_text("raise SystemExit('PLANTED ~/.local torch was imported')\n")
+        subprocess.run(["chown", "-R", f"{OTHER_UID}:{OTHER_UID}", str(home)], check=True, timeout=60)
+        yield home
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
+            timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """ch-run as OTHER_UID (in no passwd), unprivileged, image read-only, $HOME bound, no entrypoint."""
+    if shutil.which("ch-run") is None:
+        pytest.fail("ch-run is missing. Fix: scripts/ensure-tools.sh test (Debian: charliecloud-runtime)",
+                    pytrace=False)
+    env = ["env", "-i", f"HOME={home}", f"USER=u{OTHER_UID}", "PATH=/usr/local/bin:/usr/bin:/bin"]
+    ch = ["ch-run", "--no-passwd", "--home", *(["--set-env"] if set_env else []), str(sqsh), "--", *command]
+    cmd = ["setpriv", "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups", *env, *ch]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def test_charliecloud_runs_the_selftest_as_a_stranger(sqsh: Path, stranger_home: Path) -> None:
+    r = _ch_run(sqsh, stranger_home, ["selftest"], timeout=1500)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "in charliecloud" in r.stdout and f"as uid {OTHER_UID}" in r.stdout, r.stdout[-1500:]
+    assert re.search(r"PASS\s+\S*ddp", r.stdout), r.stdout[-3000:]  # the 2-rank gloo DDP job ran and passed
+
+
+def test_charliecloud_tools_compile_and_user_site(sqsh: Path, stranger_home: Path) -> None:
+    code = ("import torch, sys; assert torch.__file__.startswith('/opt/venv/'), torch.__file__; "
+            "f = torch.compile(lambda x: x * 2 + 1); assert f(torch.ones(4)).tolist() == [3.0] * 4; "
+            "print('CH-OK', torch.__file__)")
+    r = _ch_run(sqsh, stranger_home, ["python", "-c", code])
+    assert r.returncode == 0 and "CH-OK /opt/venv/" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    login = _ch_run(sqsh, stranger_home, ["bash", "-lc", TOOLS])
+    assert "TOOLS-OK" in login.stdout, login.stdout + login.stderr
+    # Apptainer's way: no image environment from the runtime, the action script sources
+    # /.singularity.d/env/*.sh, then runs the command.
+    apptainer = _ch_run(sqsh, stranger_home, ["/.singularity.d/actions/exec", "sh", "-c", TOOLS], set_env=False)
+    assert "TOOLS-OK" in apptainer.stdout, apptainer.stdout + apptainer.stderr
