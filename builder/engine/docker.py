@@ -322,15 +322,13 @@ class Engine:
 
     @_translated
     def export_filesystem(self, image: str, write: Callable[[bytes], None]) -> None:
-        """``docker export`` of a created (never started), labelled container of ``image``: its
-        root filesystem as a tar stream, handed to ``write`` chunk by chunk; the container goes."""
+        """``docker export`` of a created (never started), labelled container: a tar stream to ``write``."""
         obj = self.client.containers.create(image, command=["true"], entrypoint=[], labels=dict(self.labels))
         try:
             for chunk in obj.export(chunk_size=1 << 20):
                 write(chunk)
         finally:
-            with contextlib.suppress(docker.errors.APIError):
-                obj.remove(force=True, v=True)
+            self.remove(Container(str(obj.id), str(obj.name), obj))
 
     # --- networks ------------------------------------------------------------
     @_translated
@@ -367,12 +365,10 @@ class Engine:
     @_translated
     def push(self, ref: str, auth_config: Mapping[str, str] | None,
              on_event: Callable[[Mapping[str, Any]], None]) -> None:
-        """`docker push ref`, handing every progress event to `on_event`.
-
-        The credentials travel to dockerd in the request's X-Registry-Auth header (the SDK's
-        auth_config), never in argv. Errors the engine reports mid-stream arrive as events
-        with "error"; a refused request or a dropped connection raises EngineError.
-        """
+        """`docker push ref`, handing every progress event to `on_event`. The credentials travel to
+        dockerd in the request's X-Registry-Auth header (the SDK's auth_config), never in argv. Errors
+        the engine reports mid-stream arrive as events with "error"; a refused request or a dropped
+        connection raises EngineError."""
         repo, _, tag = ref.rpartition(":")
         stream = self.client.api.push(repo, tag=tag, stream=True, decode=True,
                                       auth_config=dict(auth_config) if auth_config else None)
