@@ -14,32 +14,18 @@ import pytest
 
 from builder.common.errors import InputError
 from builder.lock import check, model, resolve
-from builder.lock.model import CellLock, Package, Wheel
+from builder.lock.model import CellLock
 from builder.lock.net import NetConfig, redact
-from builder.lock.target import best_wheel, requirement_name, target, target_tags, wanted
+from builder.lock.target import best_wheel, target, target_tags, wanted
 from builder.spec import ImageSpec, load_matrix
 from tests.support import LATEST, MID, OLD, ROOT, small_matrix
 
-PYPI = "https://files.pythonhosted.org/packages/x"
+from .supply_fakes import lock_for, package
 
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ImageSpec]:
     return {c.name: c for c in small_matrix(tmp_path_factory.mktemp("m")).cells}
-
-
-def _pkg(name: str, version: str, layer: str = "tools", filename: str = "") -> Package:
-    filename = filename or f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    return Package(name, version, layer, Wheel(filename, f"{PYPI}/{filename}", 10, f"{abs(hash(name)):064x}"[:64]))
-
-
-def lock_for(spec: ImageSpec, extra: tuple[Package, ...] = ()) -> CellLock:
-    """A lock that agrees with images.yaml for `spec` (what `build.py lock` would record)."""
-    reqs = wanted(spec)
-    pins = {requirement_name(r): (r.split("==")[1] if "==" in r else "1.0") for layer in reqs.values() for r in layer}
-    layer_of = {requirement_name(r): layer for layer, rs in reqs.items() for r in rs}
-    pkgs = tuple(_pkg(n, v, layer_of[n]) for n, v in sorted(pins.items()))
-    return CellLock(spec.name, target(spec), reqs, pkgs + extra)
 
 
 # --- what a cell installs ------------------------------------------------------------------------
@@ -134,7 +120,7 @@ def test_check_compares_the_pins_with_the_locked_packages(cells: dict[str, Image
     """The lock's requirements agree with images.yaml, but its packages do not hold what they pin."""
     spec = cells[MID]
     good = lock_for(spec)
-    older = tuple(_pkg(p.name, "4.6.5", p.layer) if p.name == "jupyterlab" else p for p in good.packages)
+    older = tuple(package(p.name, "4.6.5", p.layer) if p.name == "jupyterlab" else p for p in good.packages)
     assert check.compare(spec, CellLock(spec.name, good.target, good.requirements, older)) == [
         f"{spec.name}: images.yaml pins jupyterlab==4.6.6, the lock has jupyterlab==4.6.5"]
     missing = tuple(p for p in good.packages if p.name != "tensorboard")
