@@ -34,6 +34,15 @@ def stale_lock(spec: ImageSpec) -> CellLock:
     return CellLock(spec.name, good.target, reqs, pkgs)
 
 
+def _build(spec: ImageSpec, tmp_path: Path, engine: FakeEngine) -> orchestrate.CellResult:
+    cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "docker", log_dir=tmp_path / "logs",
+                                  os_snapshots=os_snapshot.Snapshots(environ={}, get=Mirror().get),
+                                  lock_root=tmp_path / "lock-root")
+    (result,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    return result
+
+
+
 def test_lock_state_of_a_matching_lock(spec: ImageSpec, tmp_path: Path) -> None:
     path = write_lock(tmp_path, lock_for(spec))
     state = supply.lock_state(spec, tmp_path)
@@ -66,15 +75,38 @@ def test_the_build_refuses_a_stale_or_missing_lock_before_anything_else(spec: Im
     if lock == "stale":
         write_lock(lock_root, stale_lock(spec))
     engine = FakeEngine(spec)
-    cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "docker", log_dir=tmp_path / "logs",
-                                  os_snapshots=os_snapshot.Snapshots(environ={}, get=Mirror().get),
-                                  lock_root=lock_root)
-    (result,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    result = _build(spec, tmp_path, engine)
     assert result.status == "failed"
     assert f"run `build.py lock --only {spec.name}`" in result.message
     assert ("images.yaml has jupyterlab==4.6.6" if lock == "stale" else "no lock") in result.message
     assert engine.builds == [] and staged == [], "nothing is fetched, staged or built from a stale lock"
     # The control: the same build with the lock images.yaml asks for goes through.
     write_lock(lock_root, lock_for(spec))
-    (again,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    again = _build(spec, tmp_path, engine)
     assert again.status == "built" and staged == [spec.name] and len(engine.builds) == 1
+
+
+def test_a_new_lock_rebuilds_an_otherwise_unchanged_cell(spec: ImageSpec, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lock file is one of the build's inputs: the same images.yaml with another lock (a
+    dependency re-resolved) is built again, not skipped as unchanged."""
+    stub_prepare(monkeypatch)
+    engine = FakeEngine(spec)
+    write_lock(tmp_path / "lock-root", lock_for(spec))
+    assert _build(spec, tmp_path, engine).status == "built"
+    assert _build(spec, tmp_path, engine).status == "skipped"
+    write_lock(tmp_path / "lock-root", lock_for(spec, extra=(package("typing-extensions", "4.16.0"),)))
+    rebuilt = _build(spec, tmp_path, engine)
+    assert rebuilt.status == "built" and len(engine.builds) == 2, rebuilt.message
+
+
+def test_without_buildkit_nothing_is_built_or_staged(spec: ImageSpec, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classic builder cannot bind-mount the locked wheels into the installing RUNs: refused."""
+    staged = stub_prepare(monkeypatch)
+    monkeypatch.setattr(orchestrate, "find_buildkit_cli", lambda: None)
+    write_lock(tmp_path / "lock-root", lock_for(spec))
+    engine = FakeEngine(spec)
+    r = _build(spec, tmp_path, engine)
+    assert r.status == "failed" and r.message == supply.CLASSIC_REFUSAL
+    assert engine.builds == [] and staged == []
