@@ -57,13 +57,17 @@ class GateEngine(FakeEngine):
     def __init__(self, registry: FakeRegistry, apt: str) -> None:
         super().__init__(registry)
         self.apt = apt
+        self.sbom = ""
         self.audits = 0
 
     def image_attrs(self, ref: str) -> dict[str, Any] | None:
         return self.images.get(ref) or next((a for a in self.images.values() if a["Id"] == ref), None)
 
     def run(self, image: str, command: Sequence[str], **kw: Any) -> RunResult:
-        assert image == IMG_A and kw.get("user") == "0", (image, kw)
+        assert image == IMG_A, image
+        if kw.get("entrypoint") == ["/bin/cat"] and list(command) == [contract.SBOM_FILE]:
+            return RunResult(0, self.sbom) if self.sbom else RunResult(1, f"cat: {contract.SBOM_FILE}: No such file")
+        assert kw.get("user") == "0", kw
         self.audits += 1
         return RunResult(0, self.apt)
 
@@ -78,6 +82,7 @@ class Case:
     apt: str = APT_NOTHING
     audit_yaml: str = ""  # images.yaml's audit: key
     flags: tuple[str, ...] = ()
+    sbom: tuple[tuple[str, str], ...] | None = None  # the Python distributions the image's SBOM lists
 
 
 @dataclass
@@ -85,6 +90,13 @@ class Outcome:
     rc: int
     engine: GateEngine
     error: str
+    report_dir: Path
+
+
+def sbom_text(packages: Sequence[tuple[str, str]]) -> str:
+    return json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": [
+        {"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"} for n, v in packages] + [
+        {"type": "library", "name": "libssl3", "version": "3.0.20-1~deb12u2", "purl": "pkg:deb/debian/libssl3"}]})
 
 
 def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outcome:
@@ -98,6 +110,9 @@ def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outc
     engine.images[f"pt-multi-gpu:{A}"]["Config"]["Labels"].update({
         contract.LABEL_OS_UPDATED: updated.strftime("%Y-%m-%dT%H:%M:%SZ"),
         contract.LABEL_OS_SUITES: "bookworm@2026-07-11T10:16:37Z bookworm-security@2026-11-29T00:53:13Z"})
+    if case.sbom is not None:
+        engine.sbom = sbom_text(case.sbom)
+        engine.images[f"pt-multi-gpu:{A}"]["Config"]["Labels"][contract.LABEL_SBOM] = contract.SBOM_FILE
 
     def answer(url: str, params: dict[str, str], headers: dict[str, str]) -> FakeResponse:
         tag = url.rpartition("/manifests/")[2]
@@ -120,7 +135,7 @@ def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outc
     rc = cli.main(["publish", "--config", str(config), "--only", A, "--registry", "127.0.0.1:5000/ns",
                    "--report-dir", str(report_dir), *case.flags])
     (cell,) = json.loads((report_dir / "publish-report.json").read_text())["cells"]
-    return Outcome(rc, engine, cell["error"])
+    return Outcome(rc, engine, cell["error"], report_dir)
 
 
 ALLOW = ("audit:\n  python:\n    allow:\n      - id: {id}\n        package: {package}\n"
@@ -163,3 +178,15 @@ def test_a_young_os_layer_is_not_audited_and_an_old_one_is(tmp_path: Path, monke
     assert young.rc == 0 and young.engine.audits == 0  # pending updates are at most 3 days old: < 14
     old = publish(tmp_path / "old", monkeypatch, Case(os_age_days=30, apt=APT_NOTHING))
     assert old.rc == 0 and old.engine.audits == 1
+
+
+def test_publish_audits_the_sbom_of_the_image_it_pushes_and_puts_it_beside_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the image carries an SBOM, that (what is really in it) is audited, not the lock."""
+    refused = publish(tmp_path / "refused", monkeypatch, Case(pins=tuple(CLEAN), sbom=tuple(VULNERABLE)))
+    assert refused.rc == 1 and refused.engine.pushes == [] and f"idna 3.6 {ADVISORY}" in refused.error
+    ok = publish(tmp_path / "ok", monkeypatch, Case(pins=tuple(VULNERABLE), sbom=tuple(CLEAN)))
+    assert ok.rc == 0, ok.error
+    assert (ok.report_dir / "sbom" / f"{A}.cdx.json").read_text() == sbom_text(CLEAN) + "\n"
+    audit = json.loads((ok.report_dir / "python-audit.json").read_text())
+    assert audit["ok"] and audit["cells"][A]["facts"]["audited"] == "its SBOM"
