@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import skipguard
+
 TESTS = Path(__file__).resolve().parent
 DOCKER_TIER = TESTS / "docker"
 
@@ -18,6 +20,7 @@ DOCKER_TIER = TESTS / "docker"
 def pytest_configure(config: pytest.Config) -> None:
     # Registered here too, so `--strict-markers` holds whatever the ini file says.
     config.addinivalue_line("markers", "docker: needs a Docker engine; builds and runs real images")
+    config.addinivalue_line("markers", skipguard.MARKER_HELP)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

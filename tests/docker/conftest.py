@@ -3,7 +3,8 @@ a Docker client, the image under test, and factories for containers and networks
 label everything they make and remove it again, even when a test fails.
 
 Modelled on jupyter/docker-stacks tests/utils/tracked_container.py. Only objects
-carrying this session's label are ever removed; nothing unlabelled is touched.
+carrying this session's label are ever removed; nothing unlabelled is touched. The run's summary
+names every skipped test with its reason (tests/skipguard.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import docker.errors
 import pytest
 from docker.models.containers import Container
 from docker.models.networks import Network
+
+from tests import skipguard
 
 from . import cellimage, layerscan
 from .background import Job, Step
@@ -95,6 +98,10 @@ RUN_LAST = ("test_arm64.py",)
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the rest keep their order
+
+
+#: The summary lists every skipped test with its reason, one line each (`-rs` groups them by reason).
+pytest_terminal_summary = skipguard.docker_tier_summary
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,7 +3,10 @@
 An autouse guard points DOCKER_HOST at a socket that does not exist, so a unit test that
 reaches a real engine (directly, or through a `build.py` subprocess) fails here, as it would on
 a machine without Docker, instead of passing only where dockerd happens to run. Python advisories
-(the vulnerability audit) come from tests/fixtures/osv, an offline OSV snapshot."""
+(the vulnerability audit) come from tests/fixtures/osv, an offline OSV snapshot.
+
+No unit test passes by skipping (tests/skipguard.py): a skip or an xfail here is a failure unless
+the test is marked ``allowed_skip(reason=...)``."""
 
 from __future__ import annotations
 
@@ -11,7 +14,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import skipguard
 from tests.support import NO_ENGINE, ROOT
+
+pytest_runtest_makereport = skipguard.unit_tier_report
+pytest_make_collect_report = skipguard.unit_tier_collect_report
 
 
 @pytest.fixture(autouse=True)

@@ -20,7 +20,7 @@ from builder.engine.model import RunResult
 from builder.spec import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 
-from .supply_stub import stub_supply
+from .supply_fakes import lock_for, stub_prepare, write_lock
 from .test_debsec_snapshot import Mirror, release
 
 BASE_ID = "sha256:" + "b" * 64
@@ -95,15 +95,19 @@ def spec(tmp_path: Path) -> ImageSpec:
 
 def build(engine: FakeEngine, spec: ImageSpec, tmp_path: Path, mirror: Mirror, environ: dict[str, str] | None = None,
           monkeypatch: pytest.MonkeyPatch | None = None) -> orchestrate.CellResult:
+    lock_root = tmp_path / "lock-root"  # the cell's lock, read and checked as in a real build
+    if not (lock_root / "locks" / spec.name).exists():
+        write_lock(lock_root, lock_for(spec))
     cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "docker", log_dir=tmp_path / "logs",
-                                  os_snapshots=os_snapshot.Snapshots(environ=environ or {}, get=mirror.get))
+                                  os_snapshots=os_snapshot.Snapshots(environ=environ or {}, get=mirror.get),
+                                  lock_root=lock_root)
     (result,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
     return result
 
 
 @pytest.fixture(autouse=True)
 def no_buildkit_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
-    stub_supply(monkeypatch)  # a fake BuildKit CLI; no lock read, no wheel store filled
+    stub_prepare(monkeypatch)  # a fake BuildKit CLI; no wheel store filled (the lock is read and checked)
 
 
 def test_snapshot_keys_the_os_layer_and_labels_the_image(spec: ImageSpec, tmp_path: Path) -> None:

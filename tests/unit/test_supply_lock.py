@@ -3,6 +3,7 @@ ranking that picks the one wheel a target installs, and uv's environment (no cre
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -13,32 +14,18 @@ import pytest
 
 from builder.common.errors import InputError
 from builder.lock import check, model, resolve
-from builder.lock.model import CellLock, Package, Wheel
+from builder.lock.model import CellLock
 from builder.lock.net import NetConfig, redact
-from builder.lock.target import best_wheel, requirement_name, target, target_tags, wanted
+from builder.lock.target import best_wheel, target, target_tags, wanted
 from builder.spec import ImageSpec, load_matrix
 from tests.support import LATEST, MID, OLD, ROOT, small_matrix
 
-PYPI = "https://files.pythonhosted.org/packages/x"
+from .supply_fakes import lock_for, package
 
 
 @pytest.fixture(scope="module")
 def cells(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ImageSpec]:
     return {c.name: c for c in small_matrix(tmp_path_factory.mktemp("m")).cells}
-
-
-def _pkg(name: str, version: str, layer: str = "tools", filename: str = "") -> Package:
-    filename = filename or f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    return Package(name, version, layer, Wheel(filename, f"{PYPI}/{filename}", 10, f"{abs(hash(name)):064x}"[:64]))
-
-
-def lock_for(spec: ImageSpec, extra: tuple[Package, ...] = ()) -> CellLock:
-    """A lock that agrees with images.yaml for `spec` (what `build.py lock` would record)."""
-    reqs = wanted(spec)
-    pins = {requirement_name(r): (r.split("==")[1] if "==" in r else "1.0") for layer in reqs.values() for r in layer}
-    layer_of = {requirement_name(r): layer for layer, rs in reqs.items() for r in rs}
-    pkgs = tuple(_pkg(n, v, layer_of[n]) for n, v in sorted(pins.items()))
-    return CellLock(spec.name, target(spec), reqs, pkgs + extra)
 
 
 # --- what a cell installs ------------------------------------------------------------------------
@@ -111,6 +98,34 @@ def test_check_names_the_cell_and_the_difference(cells: dict[str, ImageSpec], tm
                         "jupyterlab==4.6.5"]
     other = CellLock(spec.name, target(cells[LATEST]), stale.requirements, stale.packages)
     assert any("torch==2.7.0" in p for p in check.compare(cells[LATEST], other))
+
+
+@pytest.mark.parametrize(("field", "value", "what"), [
+    ("python", "3.13", "Python"),
+    ("platform", "aarch64-manylinux_2_36", "platform"),
+    ("index", "https://download.pytorch.org/whl/cu118", "index"),
+])
+def test_check_refuses_a_lock_for_another_target(cells: dict[str, ImageSpec], field: str, value: str,
+                                                  what: str) -> None:
+    """Everything else agrees: only the Python, the platform or the index the lock was resolved for."""
+    spec = cells[MID]
+    good = lock_for(spec)
+    want = getattr(good.target, field)
+    other = CellLock(spec.name, dataclasses.replace(good.target, **{field: value}), good.requirements, good.packages)
+    assert check.compare(spec, other) == [
+        f"{spec.name}: {what}: images.yaml says {want}, the lock was resolved for {value}"]
+
+
+def test_check_compares_the_pins_with_the_locked_packages(cells: dict[str, ImageSpec]) -> None:
+    """The lock's requirements agree with images.yaml, but its packages do not hold what they pin."""
+    spec = cells[MID]
+    good = lock_for(spec)
+    older = tuple(package(p.name, "4.6.5", p.layer) if p.name == "jupyterlab" else p for p in good.packages)
+    assert check.compare(spec, CellLock(spec.name, good.target, good.requirements, older)) == [
+        f"{spec.name}: images.yaml pins jupyterlab==4.6.6, the lock has jupyterlab==4.6.5"]
+    missing = tuple(p for p in good.packages if p.name != "tensorboard")
+    assert check.compare(spec, CellLock(spec.name, good.target, good.requirements, missing)) == [
+        f"{spec.name}: tensorboard is not in the lock"]
 
 
 def test_check_finds_new_and_stale_cells(cells: dict[str, ImageSpec], tmp_path: Path) -> None:

@@ -125,6 +125,19 @@ def test_a_changed_file_on_the_index_is_refused_and_not_kept(server: str, tmp_pa
     assert not s.file(locked).exists() and not list((tmp_path / "store").glob(".tmp-*"))
 
 
+def test_a_same_size_file_with_another_sha256_is_refused_and_not_kept(server: str, tmp_path: Path) -> None:
+    """The index serves a file of the locked size but other bytes: the sha256 alone must catch it."""
+    locked = six(server, bytes(reversed(SIX)))  # same length as what the server holds, other content
+    assert locked.size == len(SIX) and locked.sha256 != hashlib.sha256(SIX).hexdigest()
+    s = Store(tmp_path / "store")
+    with pytest.raises(HashMismatch) as exc:
+        s.ensure([locked])
+    text = str(exc.value)
+    assert f"hash mismatch downloading {SIX_NAME}" in text and f"Expected: sha256:{locked.sha256} ({len(SIX)} bytes)" \
+        in text and f"Computed: sha256:{hashlib.sha256(SIX).hexdigest()} ({len(SIX)} bytes)" in text
+    assert not s.file(locked).exists() and not list((tmp_path / "store").glob(".tmp-*"))
+
+
 def test_a_mirror_from_pip_index_url_is_used_with_its_credentials_never_shown(server: str, tmp_path: Path) -> None:
     host = server.removeprefix("http://")
     net = NetConfig({"PIP_INDEX_URL": f"http://ci-bot:t0ken@{host}/simple"})

@@ -69,6 +69,35 @@ def test_environments_root_refuses(env: dict[str, str], cwd: str, why: str, tmp_
     assert any(why in p for p in problems), problems
 
 
+#: Every variable root refuses when set at all, written out here (not imported from rootstart):
+#: dropping one from the code's list fails its case. Each makes the loader, glibc, Python, a shell
+#: or Perl (apt's and debconf's) load code or data from where it points.
+REFUSED_WHEN_SET = (
+    "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF",
+    "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "PYTHONPYCACHEPREFIX", "PYTHONEXECUTABLE",
+    "BASH_ENV", "ENV", "PROMPT_COMMAND", "PERL5LIB", "PERLLIB", "PERL5OPT", "PERL5DB",
+    "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "LD_DEBUG_OUTPUT", "LD_ANY_NEW_ONE",  # any LD_* counts
+)
+#: Directories root's programs read their own files from or write to: refused unless root's alone.
+REFUSED_UNLESS_ROOTS = ("HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "TMPDIR")
+
+
+@pytest.mark.parametrize("name", REFUSED_WHEN_SET)
+def test_each_loader_variable_is_refused(name: str) -> None:
+    problems = rootstart.unsafe_environment({**SAFE, name: "/usr/lib"}, "/")  # even a root-owned value
+    assert problems == [f"{name} is set (root's `docker exec` would use it)"], problems
+
+
+@pytest.mark.parametrize("name", REFUSED_UNLESS_ROOTS)
+def test_each_directory_variable_is_refused_where_others_can_write(name: str, tmp_path: Path) -> None:
+    shared = tmp_path / "pt-owned"  # below a world-writable or user-owned folder: not root's alone
+    shared.mkdir()
+    problems = rootstart.unsafe_environment({**SAFE, name: str(shared)}, "/")
+    assert problems == [f"{name} {shared} is writable by others (root's `docker exec` would use it)"], problems
+    assert rootstart.unsafe_environment({**SAFE, name: "relative/dir"}, "/"), "a relative folder is not root's"
+    assert rootstart.unsafe_environment({**SAFE, name: "/usr/share"}, "/") == []  # root's alone: fine
+
+
 def test_harmless_settings_stay_allowed() -> None:
     """What users of ML images set routinely is not refused: only what makes root load code."""
     env = {**SAFE, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/root", "LANG": "C.UTF-8",
