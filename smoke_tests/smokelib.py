@@ -187,3 +187,61 @@ def arch_covers(arch_list: Iterable[str], capability: tuple[int, int]) -> bool:
 def split_arch_list(text: str) -> list[str]:
     """``"sm_50 sm_60;sm_90"`` -> ["sm_50", "sm_60", "sm_90"] (space, comma or semicolon)."""
     return [p for p in re.split(r"[\s,;]+", text.strip()) if p]
+
+
+# --- why there is no GPU -----------------------------------------------------------
+
+#: How each runtime hands a container its GPUs (what is missing when the driver is there but no GPU is).
+GPU_RUNTIME_FLAGS = ("docker run --gpus all; pyxis/enroot: NVIDIA_VISIBLE_DEVICES=all and "
+                 "NVIDIA_DRIVER_CAPABILITIES=compute,utility in the job; apptainer exec --nv; Kubernetes: an "
+                 "nvidia.com/gpu limit")
+PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
+
+
+def driver_version(proc_file: str = PROC_DRIVER_VERSION) -> str | None:
+    """The host's NVIDIA driver version, or None: nvidia-smi when the runtime put it here, else the
+    kernel module's /proc file (visible in a container even when no GPU was passed in)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20, check=False)
+            first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+            if re.match(r"^\d+(\.\d+)+$", first):
+                return first
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    try:
+        with open(proc_file, encoding="utf-8", errors="replace") as fh:
+            m = re.search(r"Kernel Module(?: for \w+)?\s+(\d+(?:\.\d+)+)", fh.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def no_gpu_reason(torch_version: str, cuda_build: str | None, driver: str | None, min_driver: str,
+                  env: Mapping[str, str]) -> str:
+    """Why torch sees no GPU here, most specific first: a CPU-only torch, a driver older than the
+    image's CUDA needs, CUDA_VISIBLE_DEVICES hiding every GPU, or no GPU passed into the container."""
+    if not cuda_build:
+        return f"CPU-only build of torch {torch_version}"
+    if driver and min_driver:
+        try:
+            old = contract.version_tuple(driver) < contract.version_tuple(min_driver)
+        except ValueError:
+            old = False
+        if old:
+            return (f"the NVIDIA driver {driver} is older than {min_driver}, the minimum for CUDA {cuda_build}: "
+                    f"CUDA can't initialise; upgrade the host's driver to >= {min_driver}, or use a cell with an "
+                    "older CUDA")
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
+        return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
+    if driver is None:
+        return (f"no NVIDIA driver in this container: no GPU was passed in ({GPU_RUNTIME_FLAGS}), or the host "
+                f"has no NVIDIA driver (this image needs >= {min_driver or 'the one its CUDA needs'})")
+    return (f"the host's NVIDIA driver {driver} is loaded, but no GPU was passed into this container "
+            f"({GPU_RUNTIME_FLAGS})")
