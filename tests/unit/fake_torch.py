@@ -9,7 +9,8 @@ Settings come from the environment, so a child process (a torchrun rank, a per-G
 the same fake: FAKE_TORCH_GPUS (count, default 0), FAKE_TORCH_CUDA (the build's CUDA; "" for a
 CPU-only torch), FAKE_TORCH_CAP ("9.0"), FAKE_TORCH_ARCHS ("sm_80 sm_90"), FAKE_TORCH_CONTEXTS (a
 file: every process that creates a CUDA context appends its pid) and FAKE_TORCH_EXCLUSIVE=1 (the
-GPUs are in EXCLUSIVE_PROCESS compute mode: a second live process gets "busy or unavailable").
+GPUs are in EXCLUSIVE_PROCESS compute mode: a second live process gets "busy or unavailable");
+FAKE_TORCH_IMPORTS (a file: every process that imports torch appends its pid).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ __version__ = "2.11.0+cu130"
 
 def _env(name, default=""):
     return os.environ.get(name, default)
+
+if _env("FAKE_TORCH_IMPORTS"):  # which processes imported torch
+    with open(_env("FAKE_TORCH_IMPORTS"), "a") as _fh:
+        _fh.write(f"{os.getpid()}\\n")
 
 class _Version:
     cuda = _env("FAKE_TORCH_CUDA", "13.0") or None

@@ -114,6 +114,18 @@ def test_per_gpu_checks_hold_no_cuda_context_in_the_suites_process(tmp_path: Pat
     assert proc.pid not in holders, f"the suite's own process (pid {proc.pid}) holds a CUDA context"
 
 
+def test_without_a_gpu_no_child_process_is_started(tmp_path: Path) -> None:
+    """A CPU host (or an emulated cell) skips the GPU checks in-process: a child per check would
+    import torch once more each (minutes under qemu)."""
+    imports = tmp_path / "imports"
+    env = fake_env(tmp_path, gpus=0, smi_driver=None, FAKE_TORCH_IMPORTS=str(imports))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(SMOKE / "pytest.ini"), "-q", "-p",
+                           "no:cacheprovider", str(SMOKE / "test_gpu.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0 and "4 skipped" in proc.stdout, proc.stdout
+    assert len(imports.read_text().split()) == 1, "a child process was started without a GPU"
+
+
 def test_a_failing_check_in_the_child_fails_in_the_parent(tmp_path: Path) -> None:
     env = fake_env(tmp_path, gpus=1, smi_driver="570.86.15", FAKE_TORCH_CAP="12.0", FAKE_TORCH_ARCHS="sm_80 sm_90")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(SMOKE / "pytest.ini"), "-q", "-p",
