@@ -12,7 +12,7 @@ PLATFORM_FLAG := $(if $(PLATFORMS),--platforms $(PLATFORMS))
 EMULATION := $(if $(filter-out native,$(PLATFORMS)),emulation)
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit render check lint engine tools base doctor matrix smoke publish pictures clean
+.PHONY: help images test test-unit render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -48,6 +48,10 @@ publish: $(VENV)/.installed engine ## push built, smoke-tested images: make publ
 
 pictures: $(VENV)/.installed engine ## regenerate docs/img/ (screenshots + size chart) from real runs of the latest image
 	$(PY) scripts/pictures.py $(ARGS)
+
+# The host's python (torch, Triton, pytest, nvcc), not the venv: no image, no Docker, no network.
+gpu-acceptance: ## every GPU check in one go on a bare GPU host, <= 10 min; report in $(OUT) or gpu-acceptance/ (ARGS="--dry-run")
+	scripts/gpu-acceptance.sh $(ARGS)
 
 doctor: $(VENV)/.installed ## check this host: engine, BuildKit, disk, GPUs, driver per cell
 	$(PY) build.py doctor $(ARGS)

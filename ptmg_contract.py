@@ -13,7 +13,7 @@ under the host's Python and under every image's Python.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 PROJECT = "pt-multi-gpu"
 
@@ -255,3 +255,42 @@ def version_tuple(text: str) -> tuple[int, ...]:
     if not m:
         raise ValueError(f"not a version: {text!r}")
     return tuple(int(p) for p in m.group(1).split("."))
+
+
+# --- GPU architectures (smoke_tests/smokelib and the host's GPU checks) ----------------
+
+_ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
+
+
+def parse_arch(arch: str) -> tuple[str, int, int, str] | None:
+    """``"sm_86"`` -> ("sm", 8, 6, ""); ``"compute_90"`` -> ("compute", 9, 0, "");
+    ``"sm_90a"`` -> ("sm", 9, 0, "a"). Unknown text -> None."""
+    m = _ARCH_RE.match(arch.strip())
+    if not m:
+        return None
+    kind, digits, suffix = m.group(1), m.group(2), m.group(3)
+    return kind, int(digits[:-1]), int(digits[-1]), suffix
+
+
+def arch_covers(arch_list: Iterable[str], capability: tuple[int, int]) -> bool:
+    """Whether a build for ``arch_list`` runs natively or by PTX JIT on ``capability``.
+
+    - a cubin ``sm_XY`` runs on every GPU of the same major X with minor >= Y;
+    - an arch-specific cubin (``sm_90a``, ``sm_100f``) runs only on exactly X.Y;
+    - PTX ``compute_XY`` is JIT-compiled for any GPU with capability >= X.Y.
+    """
+    major, minor = capability
+    for arch in arch_list:
+        parsed = parse_arch(arch)
+        if parsed is None:
+            continue
+        kind, a_major, a_minor, suffix = parsed
+        if kind == "compute":
+            if (a_major, a_minor) <= (major, minor):
+                return True
+        elif suffix:
+            if (a_major, a_minor) == (major, minor):
+                return True
+        elif a_major == major and a_minor <= minor:
+            return True
+    return False

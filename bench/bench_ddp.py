@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         result = rs[-1].result
         if result is not None and result.busbw:
             print(f"\n### all-reduce bus bandwidth, {labels[kind]}, world size {result.world_size}\n")
-            print(results.busbw_markdown(result))
+            print(results.busbw_markdown(result, same_host_nodes=plans[kind].nodes))
     print("\nReproduce: `.venv/bin/python bench/bench_ddp.py --image IMAGE --repeat N"
           f"{' --gpus' if a.gpus else ''}`")
     for r in failed:

@@ -90,6 +90,23 @@ def _gpu_ids() -> list[str]:
 ORDER = ("test_versions", "test_gpu", "test_compile", "test_extensions", "test_devel", "test_ddp", "test_seeds")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: Any) -> Any:
+    """A test marked ``child`` runs in a fresh process (gpu_child.py): no CUDA context in this one."""
+    import gpu_child
+
+    if pyfuncitem.get_closest_marker("child") is None or os.environ.get(gpu_child.IN_CHILD) == "1":
+        return None
+    if _gpu_ids() == ["no-gpu"]:  # no GPU, no context: the check skips (or fails) right here, without a child
+        return None
+    state, message = gpu_child.run(f"{pyfuncitem.path}::{pyfuncitem.name}", gpu_child.suite_options(pyfuncitem.config))
+    if state == "skipped":
+        pytest.skip(message)
+    if state == "failed":
+        pytest.fail(f"in a child process: {message}", pytrace=False)
+    return True
+
+
 def pytest_collection_modifyitems(items: list[Any]) -> None:
     def rank(item: Any) -> int:
         name = item.module.__name__.rsplit(".", 1)[-1]

@@ -175,6 +175,13 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     backend = args.backend
     if backend == "auto":
         backend = "nccl" if gpus else "gloo"
+    if backend == "nccl" and not gpus:  # a GPU job never passes on CPU: say why there is no GPU
+        from smokelib import contract, driver_version, no_gpu_reason
+
+        cuda = torch.version.cuda
+        raise RuntimeError("--backend nccl, but CUDA is not available to torch here (torch.cuda.is_available() "
+                           "is False): " + no_gpu_reason(torch.__version__, cuda, driver_version() if cuda else None,
+                                                         os.environ.get(contract.ENV_MIN_DRIVER, ""), os.environ))
     kind = args.device if args.device != "auto" else ("cuda" if backend == "nccl" else "cpu")
     if kind == "cuda":
         if backend == "nccl" and local_rank >= gpus:

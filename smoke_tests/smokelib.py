@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 try:
@@ -147,43 +147,70 @@ def format_version(parts: Sequence[int]) -> str:
 
 # --- GPU architectures -------------------------------------------------------
 
-_ARCH_RE = re.compile(r"^(sm|compute)_(\d+)([a-z]?)$")
-
-
-def parse_arch(arch: str) -> tuple[str, int, int, str] | None:
-    """``"sm_86"`` -> ("sm", 8, 6, ""); ``"compute_90"`` -> ("compute", 9, 0, "");
-    ``"sm_90a"`` -> ("sm", 9, 0, "a"). Unknown text -> None."""
-    m = _ARCH_RE.match(arch.strip())
-    if not m:
-        return None
-    kind, digits, suffix = m.group(1), m.group(2), m.group(3)
-    return kind, int(digits[:-1]), int(digits[-1]), suffix
-
-
-def arch_covers(arch_list: Iterable[str], capability: tuple[int, int]) -> bool:
-    """Whether a build for ``arch_list`` runs natively or by PTX JIT on ``capability``.
-
-    - a cubin ``sm_XY`` runs on every GPU of the same major X with minor >= Y;
-    - an arch-specific cubin (``sm_90a``, ``sm_100f``) runs only on exactly X.Y;
-    - PTX ``compute_XY`` is JIT-compiled for any GPU with capability >= X.Y.
-    """
-    major, minor = capability
-    for arch in arch_list:
-        parsed = parse_arch(arch)
-        if parsed is None:
-            continue
-        kind, a_major, a_minor, suffix = parsed
-        if kind == "compute":
-            if (a_major, a_minor) <= (major, minor):
-                return True
-        elif suffix:
-            if (a_major, a_minor) == (major, minor):
-                return True
-        elif a_major == major and a_minor <= minor:
-            return True
-    return False
+#: The GPU architecture arithmetic lives in the contract: the host's doctor and `build.py test`
+#: apply the same rule before a container starts.
+parse_arch = contract.parse_arch
+arch_covers = contract.arch_covers
 
 
 def split_arch_list(text: str) -> list[str]:
     """``"sm_50 sm_60;sm_90"`` -> ["sm_50", "sm_60", "sm_90"] (space, comma or semicolon)."""
     return [p for p in re.split(r"[\s,;]+", text.strip()) if p]
+
+
+# --- why there is no GPU -----------------------------------------------------------
+
+#: How each runtime hands a container its GPUs (what is missing when the driver is there but no GPU is).
+GPU_RUNTIME_FLAGS = ("docker run --gpus all; pyxis/enroot: NVIDIA_VISIBLE_DEVICES=all and "
+                 "NVIDIA_DRIVER_CAPABILITIES=compute,utility in the job; apptainer exec --nv; Kubernetes: an "
+                 "nvidia.com/gpu limit")
+PROC_DRIVER_VERSION = "/proc/driver/nvidia/version"
+
+
+def driver_version(proc_file: str = PROC_DRIVER_VERSION) -> str | None:
+    """The host's NVIDIA driver version, or None: nvidia-smi when the runtime put it here, else the
+    kernel module's /proc file (visible in a container even when no GPU was passed in)."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=20, check=False)
+            first = out.stdout.strip().splitlines()[0].strip() if out.returncode == 0 and out.stdout.strip() else ""
+            if re.match(r"^\d+(\.\d+)+$", first):
+                return first
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    try:
+        with open(proc_file, encoding="utf-8", errors="replace") as fh:
+            m = re.search(r"Kernel Module(?: for \w+)?\s+(\d+(?:\.\d+)+)", fh.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def no_gpu_reason(torch_version: str, cuda_build: str | None, driver: str | None, min_driver: str,
+                  env: Mapping[str, str]) -> str:
+    """Why torch sees no GPU here, most specific first: a CPU-only torch, a driver older than the
+    image's CUDA needs, CUDA_VISIBLE_DEVICES hiding every GPU, or no GPU passed into the container."""
+    if not cuda_build:
+        return f"CPU-only build of torch {torch_version}"
+    if driver and min_driver:
+        try:
+            old = contract.version_tuple(driver) < contract.version_tuple(min_driver)
+        except ValueError:
+            old = False
+        if old:
+            return (f"the NVIDIA driver {driver} is older than {min_driver}, the minimum for CUDA {cuda_build}: "
+                    f"CUDA can't initialise; upgrade the host's driver to >= {min_driver}, or use a cell with an "
+                    "older CUDA")
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is not None and cvd.strip() in ("", "-1", "none", "NoDevFiles"):
+        return f"CUDA_VISIBLE_DEVICES={cvd!r} hides every GPU"
+    if driver is None:
+        return (f"no NVIDIA driver in this container: no GPU was passed in ({GPU_RUNTIME_FLAGS}), or the host "
+                f"has no NVIDIA driver (this image needs >= {min_driver or 'the one its CUDA needs'})")
+    return (f"the host's NVIDIA driver {driver} is loaded, but no GPU was passed into this container "
+            f"({GPU_RUNTIME_FLAGS})")

@@ -129,6 +129,7 @@ def test_compile_model_cpu(compile_state: CompileState, torch: Any) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.child  # a CUDA context in a child process only (gpu_child.py)
 def test_compile_model_gpu(compile_state: CompileState, torch: Any, cuda_devices: int) -> None:
     _need_compile(compile_state)
     assert cuda_devices > 0

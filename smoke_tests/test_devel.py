@@ -125,6 +125,7 @@ def test_devel_load_inline(inline_module: Any) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.child  # a CUDA context in a child process only (gpu_child.py)
 def test_devel_kernel_gpu(inline_module: Any, torch: Any, cuda_devices: int) -> None:
     assert cuda_devices > 0
     x = torch.arange(1000, dtype=torch.float32, device="cuda:0")

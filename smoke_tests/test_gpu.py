@@ -1,5 +1,7 @@
 """What needs a GPU: skipped with the reason when none is visible, failed with
-``--require-gpu``. One test id per visible GPU, so one bad GPU never hides the rest."""
+``--require-gpu``. One test id per visible GPU, so one bad GPU never hides the rest. The checks
+that touch a GPU run in a child process (``child``, gpu_child.py): a GPU in EXCLUSIVE_PROCESS mode
+is free again for the DDP job's ranks when they start."""
 
 from __future__ import annotations
 
@@ -18,10 +20,11 @@ def need_gpu(smoke: SmokeConfig, torch: Any) -> None:
     """Skip when no GPU is visible, or fail (a test failure, not an error) with --require-gpu."""
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         return
-    why = ("no GPU visible to torch (run with --gpus all; needs the NVIDIA Container Toolkit "
-           f"and a driver >= {os.environ.get('PTMG_MIN_DRIVER') or 'the one this CUDA needs'})")
-    if torch.version.cuda is None:
-        why = f"CPU-only build of torch {torch.__version__}"
+    cuda = torch.version.cuda
+    why = smokelib.no_gpu_reason(torch.__version__, cuda, smokelib.driver_version() if cuda else None,
+                                 os.environ.get(smokelib.contract.ENV_MIN_DRIVER, ""), os.environ)
+    if cuda:
+        why = f"no GPU visible to torch: {why}"
     if smoke.require_gpu:
         pytest.fail(f"--require-gpu: {why}", pytrace=False)
     pytest.skip(why)
@@ -36,6 +39,7 @@ def test_cuda_available(smoke: SmokeConfig, torch: Any) -> None:
     assert torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
+@pytest.mark.child
 def test_kernel(gpu_id: str, smoke: SmokeConfig, torch: Any) -> None:
     need_gpu(smoke, torch)
     dev = torch.device("cuda", _index(gpu_id))
@@ -48,6 +52,7 @@ def test_kernel(gpu_id: str, smoke: SmokeConfig, torch: Any) -> None:
     torch.cuda.synchronize(dev)
 
 
+@pytest.mark.child
 def test_cudnn_conv(gpu_id: str, smoke: SmokeConfig, torch: Any) -> None:
     need_gpu(smoke, torch)
     assert torch.backends.cudnn.is_available(), "cuDNN is not available to torch"
@@ -61,6 +66,7 @@ def test_cudnn_conv(gpu_id: str, smoke: SmokeConfig, torch: Any) -> None:
     assert torch.allclose(got, want, rtol=1e-2, atol=1e-2), "cuDNN conv2d disagrees with the CPU"
 
 
+@pytest.mark.child
 def test_arch_covered(gpu_id: str, smoke: SmokeConfig, torch: Any) -> None:
     need_gpu(smoke, torch)
     i = _index(gpu_id)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.common.versions import Version
 from builder.engine import Engine, EngineError, find_buildkit_cli
 from builder.host import emulation
+from builder.smoke import gpufit
+from builder.smoke import gpus as gpus_mod
 from builder.spec import ImageSpec
 
 GB = 1000**3
@@ -30,26 +31,40 @@ class Finding:
 class Gpu:
     name: str
     driver: str
+    capability: tuple[int, int] | None = None  # None: nvidia-smi did not say (driver < 510)
+    mig: bool = False
+    index: str = "0"
+
+    def host_gpu(self) -> gpus_mod.HostGpu:
+        return gpus_mod.HostGpu(self.index, "", self.name, self.capability, self.driver, self.mig)
 
 
-def host_gpus() -> tuple[list[Gpu], str]:
-    """GPUs and driver via nvidia-smi; ([], reason) when there are none."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return [], "nvidia-smi not found (no NVIDIA driver on this host)"
-    try:
-        r = subprocess.run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"], capture_output=True,
-                           text=True, timeout=20, check=False)
-    except subprocess.TimeoutExpired:
-        return [], "nvidia-smi timed out"
-    if r.returncode != 0:
-        return [], f"nvidia-smi failed: {r.stderr.strip()[:200]}"
-    gpus = [Gpu(*(x.strip() for x in line.split(",", 1))) for line in r.stdout.strip().splitlines() if "," in line]
-    return gpus, "" if gpus else "nvidia-smi lists no GPU"
+def host_gpus(env: Mapping[str, str] | None = None) -> tuple[list[Gpu], str]:
+    """The GPUs this host offers (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES); ([], reason) when none."""
+    found, reason = gpus_mod.visible_gpus(os.environ if env is None else env)
+    return [Gpu(g.name or g.uuid, g.driver, g.capability, g.mig, g.index) for g in found], reason
 
 
-def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str) -> list[Finding]:
-    """Per cell: can this host run it on its GPUs? Pure, so it is unit-tested."""
+def gpu_findings(gpus: Sequence[Gpu], env: Mapping[str, str]) -> list[Finding]:
+    """MIG mode and mixed models (CUDA_DEVICE_ORDER): what changes how the GPUs can be used."""
+    out = []
+    host = [g.host_gpu() for g in gpus]
+    mig = [g for g in host if g.mig]
+    if mig:
+        out.append(Finding("warn", f"MIG mode is enabled on {', '.join(g.describe() for g in mig)}: NCCL does not "
+                                   "communicate between MIG instances, so `build.py test --require-gpu` refuses a "
+                                   "multi-rank NCCL run here",
+                           "run one rank per job (--nproc 1), or disable MIG (nvidia-smi -i INDEX -mig 0)"))
+    order = gpufit.device_order_warning(host, env)
+    if order:
+        out.append(Finding("warn", order, "export CUDA_DEVICE_ORDER=PCI_BUS_ID"))
+    return out
+
+
+def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str,
+                  matrix_cells: Sequence[ImageSpec] | None = None) -> list[Finding]:
+    """Per cell: can this host run it on its GPUs (driver, compute capability)? Pure, so it is
+    unit-tested. ``matrix_cells``: every cell, to name those that would run (default ``cells``)."""
     out = []
     for c in (c for c in cells if c.emulated):  # another architecture: qemu runs it, CPU only
         out.append(Finding("warn", f"{c.name}: {c.platform} runs here under emulation only (CPU, much slower; "
@@ -65,13 +80,17 @@ def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str) 
                                "NVIDIA Container Toolkit, then `docker run --gpus all ...`"))
         return out
     driver = gpus[0].driver
+    host = [g.host_gpu() for g in gpus]
+    every = matrix_cells if matrix_cells is not None else cells
     for c in cells:
-        if Version.parse(driver) >= Version.parse(c.min_driver):
-            out.append(Finding("ok", f"{c.name}: runs here (driver {driver} >= {c.min_driver} for CUDA {c.cuda})"))
+        refused = gpufit.refusal(c, every, host)
+        if not refused:
+            caps = sorted({f"sm_{g.capability[0]}{g.capability[1]}" for g in gpus if g.capability})
+            on = f" on {', '.join(caps)}" if caps else " (compute capability not reported: driver < 510)"
+            out.append(Finding("ok", f"{c.name}: runs here (driver {driver} >= {c.min_driver} for CUDA {c.cuda}{on})"))
         else:
-            out.append(Finding("fail", f"{c.name}: driver {driver} is older than {c.min_driver}, the minimum for "
-                                       f"CUDA {c.cuda}; CUDA will not initialise in this image",
-                               f"upgrade the NVIDIA driver to >= {c.min_driver}, or use a cell with an older CUDA"))
+            out.append(Finding("fail", refused, "use a cell that runs here; a driver too old: upgrade it to >= "
+                                                f"{c.min_driver}"))
     return out
 
 
@@ -84,7 +103,8 @@ def disk_finding(free: int, cells: int) -> Finding:
                    "free space (`docker image prune`, `docker builder prune`) or build fewer cells with --only")
 
 
-def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine]) -> list[Finding]:
+def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine],
+             matrix_cells: Sequence[ImageSpec] | None = None) -> list[Finding]:
     """Every check, in order; ``connect`` makes the run's engine (a failure is a finding, not an error)."""
     findings: list[Finding] = []
     engine: Engine | None
@@ -130,7 +150,8 @@ def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine]) -> list[
         findings.append(Finding("warn", f"GPUs: none ({reason})",
                                 "images still build and their smoke tests run on CPU (gloo); "
                                 "for GPU runs install the NVIDIA driver and Container Toolkit"))
-    findings += cell_findings(cells, gpus, reason)
+    findings += gpu_findings(gpus, os.environ)
+    findings += cell_findings(cells, gpus, reason, matrix_cells)
     # Other architectures (linux/arm64 on x86): qemu through binfmt_misc, and which qemu is in use.
     emulated: dict[str, list[str]] = {}
     for c in cells:

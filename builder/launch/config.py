@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ptmg_contract as contract
@@ -12,7 +13,19 @@ from builder.common.errors import InputError
 from builder.smoke.torchrun import ddp_job_args
 
 TARGETS = ("slurm", "pytorchjob", "jobset")
-LAUNCHERS = ("pyxis", "apptainer", "docker", "native")
+LAUNCHERS = ("pyxis", "apptainer", "docker", "native", "charliecloud")
+#: What --image-file each launcher runs (pyxis/enroot and ch-run: a squashfs; Apptainer: a SIF).
+IMAGE_FILE_SUFFIXES: Mapping[str, tuple[str, ...]] = {
+    "pyxis": (".sqsh", ".squashfs"), "apptainer": (".sif",), "charliecloud": (".sqsh", ".squashfs")}
+IMAGE_FILE_RE = re.compile(r"^/[A-Za-z0-9_./@+=-]+$")
+#: How long every node waits at the rendezvous for the others (torchrun's join_timeout): node
+#: start-up skews by minutes when every node pulls or unpacks a multi-GB image.
+JOIN_TIMEOUT_S = 600
+#: What Apptainer's --nv binds the host's driver libraries to (it puts them on LD_LIBRARY_PATH
+#: only; Triton links its launcher with -lcuda, which reads LIBRARY_PATH).
+APPTAINER_LIBS = "/.singularity.d/libs"
+#: What enroot's GPU hook needs to inject the driver and devices (pyxis: in the job, not in the image).
+ENROOT_GPU_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 CONTAINER = "pytorch"  # the Kubeflow training operator injects its env into the container of this name
 FILENAMES: Mapping[str, str] = {"slurm": "slurm.sbatch", "pytorchjob": "pytorchjob.yaml", "jobset": "jobset.yaml"}
 #: Shell words that stay expandable ("${VAR}") when the Slurm node script is written.
@@ -92,6 +105,20 @@ def pyxis_image(ref: str) -> str:
     return ref
 
 
+def resolve_image_file(text: str) -> str:
+    """``--image-file``: the absolute path of an existing file (the job names it on every node)."""
+    path = Path(text).expanduser()
+    try:
+        path = path.resolve(strict=True)
+    except (OSError, RuntimeError) as exc:
+        why = "no such file" if isinstance(exc, FileNotFoundError) else str(exc)
+        raise LaunchError(f"--image-file {text}: {why}; export one with `build.py export CELL --format "
+                          "sqsh|sif -o PATH`") from None
+    if not path.is_file():
+        raise LaunchError(f"--image-file {text}: not a file ({path})")
+    return str(path)
+
+
 # --- the configuration ---------------------------------------------------------------
 
 
@@ -107,6 +134,7 @@ class LaunchConfig:
     name: str = "ptmg-ddp"
     command: tuple[str, ...] = ()  # torchrun's script and its args; () = the image's DDP smoke job
     launcher: str = "pyxis"
+    image_file: str = ""  # Slurm: an exported image file (absolute path) instead of the registry image
     torch: str = ""  # the cell's torch version: what a native node must have when it lacks the cell file
     rdzv_port: int = contract.RDZV_PORT
     shm_size: str = contract.SHM_SIZE
@@ -153,6 +181,7 @@ class LaunchConfig:
         problems += [f"--rdma-resource {name}={count}: NAME=COUNT with a device plugin's resource name "
                      "(e.g. rdma/rdma_shared_device_a=1, vpc.amazonaws.com/efa=4) and a count >= 1"
                      for name, count in self.rdma_resources if not RESOURCE_RE.match(name) or count < 1]
+        problems += self._image_file_problems()
         if self.launcher == "native" and self.mounts:
             problems.append(f"--mount {self.mounts[0]!r}: --launcher native runs no container, so there is nothing "
                             "to mount into; mount it on the nodes, or use --launcher pyxis, apptainer or docker")
@@ -160,13 +189,43 @@ class LaunchConfig:
             raise LaunchError(*problems)
         return self
 
+    def _image_file_problems(self) -> list[str]:
+        problems = []
+        path, launcher = self.image_file, self.launcher
+        if launcher == "charliecloud":
+            if not path:
+                problems.append("--launcher charliecloud runs an exported squashfs: give --image-file PATH.sqsh "
+                                "(`build.py export CELL --format sqsh`)")
+            if self.gpus_per_node:
+                problems.append(
+                    f"--launcher charliecloud with --gpus-per-node {self.gpus_per_node}: ch-run injects no GPU "
+                    "driver into a squashfs image (it has no GPU hook; the host's libcuda must be copied into an "
+                    "unpacked image with `ch-fromhost --nvidia`, which a read-only squashfs can't take). Run GPU "
+                    "jobs with --launcher pyxis or apptainer, or CPU ranks here with --gpus-per-node 0")
+            problems += [f"--mount {m!r}: ch-run's --bind has no mode; give SRC:DST" for m in self.mounts
+                         if m.count(":") > 1]
+        if not path:
+            return problems
+        suffixes = IMAGE_FILE_SUFFIXES.get(launcher)
+        if suffixes is None:
+            problems.append(f"--image-file {path}: --launcher {launcher} runs no image file; use --launcher "
+                            "pyxis or charliecloud (a .sqsh) or apptainer (a .sif)")
+        elif not path.endswith(suffixes):
+            problems.append(f"--image-file {path}: --launcher {launcher} runs a {' or '.join(suffixes)} file "
+                            f"(`build.py export CELL --format {'sif' if launcher == 'apptainer' else 'sqsh'}`)")
+        if not IMAGE_FILE_RE.match(path):
+            problems.append(f"--image-file {path!r}: an absolute path of letters, digits and ._/@+=- (every "
+                            "node opens it by this path)")
+        return problems
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
     def script(self) -> tuple[str, ...]:
         """What torchrun runs on every rank: the user's command, or the image's DDP smoke job."""
-        return self.command or (contract.DDP_JOB, *ddp_job_args())
+        backend = ("--backend", "nccl" if self.gpus_per_node else "gloo")  # a GPU job never falls back to gloo
+        return self.command or (contract.DDP_JOB, *ddp_job_args(extra=backend))
 
     def env_vars(self, default_ifname: str | None) -> tuple[tuple[str, str], ...]:
         """The distributed-training env of every node; --env entries win."""

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 import ptmg_contract as contract
-from builder.launch.config import CONTAINER, FILENAMES, LaunchConfig, LaunchError
+from builder.launch.config import CONTAINER, FILENAMES, JOIN_TIMEOUT_S, LaunchConfig, LaunchError
 from builder.smoke.torchrun import torchrun_argv
 
 # --- Kubernetes ----------------------------------------------------------------------
@@ -107,7 +107,7 @@ def pytorchjob(cfg: LaunchConfig) -> dict[str, Any]:
     cfg.check()
     argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=cfg.script()[0],
                          script_args=cfg.script()[1:], rdzv_endpoint="$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
-                         rdzv_id=cfg.name)
+                         rdzv_id=cfg.name, join_timeout_s=JOIN_TIMEOUT_S)
     ports = [{"name": "pytorchjob-port", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
     template = {"metadata": {"labels": {**cfg.labels, contract.LABEL_CELL: cfg.cell}},
                 "spec": pod_spec(cfg, argv, ports=ports)}
@@ -136,7 +136,8 @@ def jobset(cfg: LaunchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     cfg.check()
     endpoint = f"{cfg.name}-{JOBSET_REPLICATED_JOB}-0-0.{cfg.name}:{cfg.rdzv_port}"
     argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=cfg.script()[0],
-                         script_args=cfg.script()[1:], rdzv_endpoint=endpoint, rdzv_id=cfg.name)
+                         script_args=cfg.script()[1:], rdzv_endpoint=endpoint, rdzv_id=cfg.name,
+                         join_timeout_s=JOIN_TIMEOUT_S)
     node_rank = {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
     ports = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]

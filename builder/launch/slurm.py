@@ -9,7 +9,17 @@ from collections.abc import Sequence
 import ptmg_contract as contract
 from builder.common.paths import template_dir
 from builder.common.templates import environment
-from builder.launch.config import FILENAMES, RDZV_ENDPOINT_VAR, RDZV_ID_VAR, SLURM_VARS, LaunchConfig, pyxis_image
+from builder.launch.config import (
+    APPTAINER_LIBS,
+    ENROOT_GPU_ENV,
+    FILENAMES,
+    JOIN_TIMEOUT_S,
+    RDZV_ENDPOINT_VAR,
+    RDZV_ID_VAR,
+    SLURM_VARS,
+    LaunchConfig,
+    pyxis_image,
+)
 from builder.smoke.torchrun import torchrun_argv
 
 # --- shell helpers -------------------------------------------------------------------
@@ -34,7 +44,8 @@ def slurm_torchrun(cfg: LaunchConfig) -> str:
     """The torchrun line each node runs (its rendezvous endpoint and id expand on the node)."""
     script = cfg.script()
     argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=script[0],
-                         script_args=script[1:], rdzv_endpoint=RDZV_ENDPOINT_VAR, rdzv_id=RDZV_ID_VAR)
+                         script_args=script[1:], rdzv_endpoint=RDZV_ENDPOINT_VAR, rdzv_id=RDZV_ID_VAR,
+                         join_timeout_s=JOIN_TIMEOUT_S)
     launcher, job = argv[: len(argv) - len(script)], argv[len(argv) - len(script):]
     expand = (RDZV_ENDPOINT_VAR, RDZV_ID_VAR)
     return f"{shell_join(launcher, expand)} \\\n    {shell_join(job)}"
@@ -59,7 +70,13 @@ def render_slurm(cfg: LaunchConfig) -> str:
     if cfg.account:
         extra.append(f"--account={cfg.account}")
     env = cfg.env_vars(default_ifname=None)
-    image = pyxis_image(cfg.image.ref) if cfg.launcher == "pyxis" else cfg.image.ref
+    if cfg.launcher == "pyxis" and cfg.gpus_per_node:  # enroot's GPU hook: set by the job, never by the image
+        env = (*env, *((k, v) for k, v in ENROOT_GPU_ENV if k not in dict(env)))
+    image = cfg.image_file or (pyxis_image(cfg.image.ref) if cfg.launcher == "pyxis" else cfg.image.ref)
+    # Every srun asks for the node's GPUs: the step then has them (SLURM_STEP_GPUS, CUDA_VISIBLE_DEVICES).
+    srun = ["srun", "--kill-on-bad-exit=1", "--export=ALL", f"--nodes={cfg.nodes}", "--ntasks-per-node=1"]
+    if cfg.gpus_per_node:
+        srun.append(f"--gpus-per-node={cfg.gpus_per_node}")
     # docker passes only what -e names; NCCL's network settings (NCCL_IB_HCA, ...) pass through by
     # name from the job's environment when set there (`-e NAME` with NAME unset sets nothing).
     passed = tuple(dict.fromkeys((*SLURM_VARS, "PTMG_RDZV_ENDPOINT", "PTMG_RDZV_ID", "PTMG_NODE_SCRIPT",
@@ -75,6 +92,10 @@ def render_slurm(cfg: LaunchConfig) -> str:
         gpus_per_node=cfg.gpus_per_node,
         sbatch_extra=extra,
         image_q=shlex.quote(image),
+        image_file=bool(cfg.image_file),
+        srun=" ".join(srun),
+        apptainer_libs=APPTAINER_LIBS,
+        ch_binds="".join(f" --bind={m}" for m in cfg.mounts),
         rdzv_port=cfg.rdzv_port,
         env=[(k, shlex.quote(v)) for k, v in env],
         torchrun=slurm_torchrun(cfg),

@@ -20,7 +20,10 @@ from dataclasses import dataclass
 from builder.common.errors import StepFailed
 from builder.smoke.torchrun import split_gpus
 
-SMI_ARGS = ("--query-gpu=index,uuid", "--format=csv,noheader")
+#: Each GPU's index, UUID, model, compute capability, driver and MIG mode; drivers older than 510
+#: know no compute_cap field, and get the short query.
+SMI_ARGS = ("--query-gpu=index,uuid,name,compute_cap,driver_version,mig.mode.current", "--format=csv,noheader")
+SMI_ARGS_SHORT = ("--query-gpu=index,uuid", "--format=csv,noheader")
 
 
 class GpuPlanError(StepFailed):
@@ -31,15 +34,34 @@ class GpuPlanError(StepFailed):
 class HostGpu:
     index: str
     uuid: str
+    name: str = ""
+    capability: tuple[int, int] | None = None  # (9, 0) for sm_90; None: not reported
+    driver: str = ""
+    mig: bool = False  # MIG mode enabled: the GPU is split into instances
+
+    def describe(self) -> str:
+        cap = f", sm_{self.capability[0]}{self.capability[1]}" if self.capability else ""
+        return f"GPU {self.index} ({self.name or self.uuid}{cap})"
+
+
+def _capability(text: str) -> tuple[int, int] | None:
+    major, dot, minor = text.strip().partition(".")
+    return (int(major), int(minor)) if dot and major.isdigit() and minor.isdigit() else None
 
 
 def parse_smi(text: str) -> tuple[HostGpu, ...]:
-    """``nvidia-smi --query-gpu=index,uuid --format=csv,noheader`` -> the GPUs, in its order."""
+    """``nvidia-smi --query-gpu=index,uuid[,name,compute_cap,driver_version,mig.mode.current]
+    --format=csv,noheader`` -> the GPUs, in its order."""
     out = []
     for line in text.splitlines():
-        index, sep, uuid = line.partition(",")
-        if sep and index.strip().isdigit() and uuid.strip():
-            out.append(HostGpu(index.strip(), uuid.strip()))
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) < 2 or not fields[0].isdigit() or not fields[1]:
+            continue
+        if len(fields) >= 6:
+            out.append(HostGpu(fields[0], fields[1], fields[2], _capability(fields[3]), fields[4],
+                               fields[5].lower() == "enabled"))
+        else:
+            out.append(HostGpu(fields[0], fields[1]))
     return tuple(out)
 
 
@@ -51,6 +73,8 @@ def query_smi(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.
         return (), "nvidia-smi not found (no NVIDIA driver on this host)"
     try:
         r = run([smi, *SMI_ARGS], capture_output=True, text=True, timeout=30, check=False)
+        if r.returncode != 0 and "field" in (r.stdout + r.stderr).lower():  # a driver without compute_cap
+            r = run([smi, *SMI_ARGS_SHORT], capture_output=True, text=True, timeout=30, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return (), f"nvidia-smi did not answer ({exc})"
     if r.returncode != 0:
@@ -80,16 +104,24 @@ def select_visible(gpus: Sequence[HostGpu], cuda_visible_devices: str | None) ->
     return tuple(chosen), ""
 
 
-def host_gpus(env: Mapping[str, str],
-              query: Callable[[], tuple[tuple[HostGpu, ...], str]] | None = None) -> tuple[tuple[str, ...], str]:
-    """The GPUs this host offers the containers (UUIDs), and a note (why none, or what was dropped)."""
+def visible_gpus(env: Mapping[str, str], query: Callable[[], tuple[tuple[HostGpu, ...], str]] | None = None
+                 ) -> tuple[tuple[HostGpu, ...], str]:
+    """The GPUs this host offers the containers, and a note (why none, or what was dropped)."""
     gpus, why = (query or query_smi)()
     if not gpus:
         return (), why
     ids, note = select_visible(gpus, env.get("CUDA_VISIBLE_DEVICES"))
     if not ids:
         return (), note or f"CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r} hides every GPU"
-    return ids, note
+    by_uuid = {g.uuid: g for g in gpus}
+    return tuple(by_uuid[i] for i in ids), note
+
+
+def host_gpus(env: Mapping[str, str],
+              query: Callable[[], tuple[tuple[HostGpu, ...], str]] | None = None) -> tuple[tuple[str, ...], str]:
+    """The UUIDs of the GPUs this host offers the containers, and a note."""
+    gpus, note = visible_gpus(env, query)
+    return tuple(g.uuid for g in gpus), note
 
 
 @dataclass(frozen=True)

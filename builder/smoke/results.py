@@ -353,9 +353,22 @@ def expect_labels(labels: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in sorted(labels.items()) if k.startswith(contract.LABEL_NS + ".")}
 
 
-def busbw_markdown(result: DDPResult) -> str:
-    """The all-reduce bandwidth table in Markdown, with how it was measured above it."""
+#: Below this size an all-reduce's time is its fixed per-call cost (kernel launch, synchronisation,
+#: protocol handshakes), as nccl-tests' small sizes show: its "busbw" measures overhead, not bandwidth.
+OVERHEAD_BELOW = 1 << 20
+
+
+def busbw_markdown(result: DDPResult, same_host_nodes: int = 0) -> str:
+    """The all-reduce bandwidth table in Markdown, with how it was measured above it.
+
+    ``same_host_nodes`` > 1: the run's nodes were containers on one host (`build.py test --nodes N`),
+    so NCCL took its network transport between them (sockets over the Docker bridge), and the table
+    says so. Rows below :data:`OVERHEAD_BELOW` are labelled per-call overhead."""
     rows = []
+    if same_host_nodes > 1:
+        rows += [f"Socket-bound: {same_host_nodes} containers on one host, so every byte between nodes went through "
+                 "the network transport over the Docker bridge (TCP sockets), not NVLink or PCIe peer-to-peer: not a "
+                 "figure of the GPUs' interconnect.", ""]
     b = result.bench
     if b is not None:
         rows += [f"{b.op}; {b.warmup} warm-up + {b.iters} timed iterations per size; sizes "
@@ -364,13 +377,14 @@ def busbw_markdown(result: DDPResult) -> str:
                     if b.skipped_sizes else "")
                  + f"; world size {result.world_size}, {result.backend}. Time: average over ranks "
                  "(nccl-tests -a 1); the slowest rank beside it.", ""]
-    rows += ["| size | time avg (us) | time max (us) | algbw (GB/s) | busbw (GB/s) | busbw slowest rank (GB/s) |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    rows += ["| size | time avg (us) | time max (us) | algbw (GB/s) | busbw (GB/s) | busbw slowest rank (GB/s) "
+             "| bound by |", "|---:|---:|---:|---:|---:|---:|---|"]
     for r in result.busbw:
         slow = "-" if r.time_us_max is None else f"{r.time_us_max:.1f}"
         slow_bus = "-" if r.busbw_min_gbps is None else f"{r.busbw_min_gbps:.3f}"
         rows.append(f"| {_human_bytes(r.nbytes)} | {r.time_us:.1f} | {slow} | {r.algbw_gbps:.3f} | "
-                    f"{r.busbw_gbps:.3f} | {slow_bus} |")
+                    f"{r.busbw_gbps:.3f} | {slow_bus} | "
+                    f"{'per-call overhead' if r.nbytes < OVERHEAD_BELOW else 'bandwidth'} |")
     return "\n".join(rows)
 
 

@@ -55,9 +55,15 @@ DIGEST = "sha256:" + "ab" * 32
 TORCH = "2.7.0"  # the torch of `cfg()`'s cell, as the verb passes it
 
 
+#: Charliecloud runs an exported squashfs, CPU ranks only (ch-run injects no GPU driver).
+CH_IMAGE = "/shared/images/pt.sqsh"
+
+
 def cfg(**kw: Any) -> LaunchConfig:
     base: dict[str, Any] = {"cell": CELL, "image": ImagePin(ref=f"pt-multi-gpu:{CELL}", tag_ref=f"pt-multi-gpu:{CELL}"),
                             "nodes": 2, "gpus_per_node": 4, "nproc_per_node": 4, "torch": TORCH}
+    if kw.get("launcher") == "charliecloud":
+        base.update(image_file=CH_IMAGE, gpus_per_node=0)
     base.update(kw)
     return LaunchConfig(**base)
 
@@ -424,6 +430,13 @@ echo "apptainer $*" >> "$FAKE_LOG"
 args=("$@"); n=${#args[@]}
 exec bash -c "${args[n-1]}"
 """,
+    # ch-run [OPTIONS] IMAGE -- CMD...: the host's environment passes through.
+    "ch-run": """#!/bin/bash
+echo "ch-run $*" >> "$FAKE_LOG"
+args=("$@"); n=${#args[@]}
+[ "${args[n-4]}" = -- ] || { echo "ch-run: no -- before the command" >&2; exit 64; }
+exec bash -c "${args[n-1]}"
+""",
     "torchrun": """#!/bin/bash
 echo "torchrun node=$NODE_RANK $*" >> "$FAKE_LOG"
 [ -n "${FAKE_FAIL_NODE:-}" ] && [ "$NODE_RANK" = "$FAKE_FAIL_NODE" ] && exit 3
@@ -477,7 +490,7 @@ def for_launcher(launcher: str, script: str, tmp: Path) -> str:
 @pytest.mark.parametrize("launcher", config.LAUNCHERS)
 def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
         launcher: str, fake_bin: Path, tmp_path: Path) -> None:
-    mounts = () if launcher == "native" else ("/scratch/data:/data:ro",)
+    mounts = {"native": (), "charliecloud": ("/scratch/data:/data",)}.get(launcher, ("/scratch/data:/data:ro",))
     c = cfg(nodes=2, launcher=launcher, mounts=mounts, env=(("MY_FLAG", "a b'c"),))
     script = slurm.render_slurm(c)
     subprocess.run(["bash", "-n"], input=script, text=True, check=True)
@@ -492,14 +505,19 @@ def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
     srun = next(ln for ln in lines if ln.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun and "--export=ALL" in srun
     if launcher == "native":
-        assert srun.startswith("srun --kill-on-bad-exit=1 --export=ALL --nodes=2 --ntasks-per-node=1 bash -c ")
+        assert srun.startswith("srun --kill-on-bad-exit=1 --export=ALL --nodes=2 --ntasks-per-node=1 "
+                               "--gpus-per-node=4 bash -c ")
         assert not any(ln.startswith(("docker ", "apptainer ")) for ln in lines) and "--container" not in srun
     elif launcher == "pyxis":
         assert f"--container-image=pt-multi-gpu:{CELL}" in srun
         assert "--container-mounts=/scratch/data:/data:ro" in srun
     elif launcher == "apptainer":
         app = next(ln for ln in lines if ln.startswith("apptainer "))
-        assert app.startswith("apptainer exec --nv --bind /scratch/data:/data:ro docker://pt-multi-gpu:")
+        assert app.startswith("apptainer exec --nv --env LIBRARY_PATH=/.singularity.d/libs --bind /scratch/data:/data:ro "
+                              "docker://pt-multi-gpu:")
+    elif launcher == "charliecloud":
+        ch = [ln for ln in lines if ln.startswith("ch-run ")]
+        assert len(ch) == 2 and ch[0].startswith(f"ch-run --home --set-env --bind=/scratch/data:/data {CH_IMAGE} -- ")
     else:
         docker = [ln for ln in lines if ln.startswith("docker run ")]
         assert len(docker) == 2

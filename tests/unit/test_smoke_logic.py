@@ -318,7 +318,7 @@ def test_busbw_markdown() -> None:
     r = results.DDPResult.from_json(sample_result())  # schema 1: no bench settings, no per-rank max
     table = results.busbw_markdown(r).splitlines()
     assert table[0].startswith("| size |") and len(table) == 4
-    assert table[3] == "| 1 MiB | 3450.0 | - | 0.304 | 0.456 | - |"
+    assert table[3] == "| 1 MiB | 3450.0 | - | 0.304 | 0.456 | - | bandwidth |"
 
 
 @pytest.mark.parametrize(("text", "want"), [

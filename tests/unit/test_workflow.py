@@ -32,6 +32,7 @@ from tests.support import vendored_schema
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "ci.yml"
 FROM_MATRIX = "${{ fromJSON(needs.matrix.outputs.matrix) }}"
+FROM_GPU_MATRIX = "${{ fromJSON(needs.matrix.outputs.gpu_matrix) }}"
 EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.S)
 #: owner/repo[/path]@<full commit SHA> # <tag>
 PINNED = re.compile(r"^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(/[A-Za-z0-9_./-]+)?@[0-9a-f]{40}\s+#\s*v\d+(\.\d+)*\S*\s*$")
@@ -189,8 +190,8 @@ def test_weekly_schedule(wf: dict[str, Any]) -> None:
 def test_the_schedule_runs_the_matrix_like_every_other_trigger(wf: dict[str, Any]) -> None:
     """No list of its own: the scheduled run builds and tests each cell of `build.py matrix`,
     and publishes every cell of images.yaml (no --only) through the same smoke gate."""
-    for name in ("build", "gpu"):
-        assert wf["jobs"][name]["strategy"]["matrix"] == FROM_MATRIX
+    for name, matrix in (("build", FROM_MATRIX), ("gpu", FROM_GPU_MATRIX)):
+        assert wf["jobs"][name]["strategy"]["matrix"] == matrix
         assert runs_on_event(wf, name, "schedule")
     publish = wf["jobs"]["publish"]
     assert runs_on_event(wf, "publish", "schedule") and "matrix" in publish["needs"]
@@ -238,8 +239,8 @@ def test_matrix_comes_from_build_py(wf: dict[str, Any]) -> None:
     (step,) = [s for s in _steps(job) if "build.py matrix --json" in str(s.get("run", ""))]
     assert "build.py matrix --json --github" in step["run"] and '>> "$GITHUB_OUTPUT"' in step["run"]
     assert job["outputs"]["matrix"] == f"${{{{ steps.{step['id']}.outputs.matrix }}}}"
-    for name in ("build", "gpu"):
-        assert wf["jobs"][name]["strategy"]["matrix"] == FROM_MATRIX, name
+    for name, matrix in (("build", FROM_MATRIX), ("gpu", FROM_GPU_MATRIX)):
+        assert wf["jobs"][name]["strategy"]["matrix"] == matrix, name
         assert "matrix" in wf["jobs"][name]["needs"], name
 
 
@@ -458,15 +459,17 @@ def test_references_resolve(wf: dict[str, Any]) -> None:
 
 def test_matrix_keys_used_exist_in_build_py_output_for_the_real_images_yaml(wf: dict[str, Any]) -> None:
     """Every ${{ matrix.X }} the workflow uses is a key `build.py matrix --json --github` emits."""
-    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "matrix", "--json", "--github"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120, check=True)
-    assert "\n" not in r.stdout.strip(), "the GITHUB_OUTPUT line must be one line"
-    rows = json.loads(r.stdout)["include"]
-    assert rows and all("name" in row for row in rows)
-    used = set(re.findall(r"matrix\.([A-Za-z_][A-Za-z0-9_-]*)", WORKFLOW.read_text())) - {"outputs"}
-    assert used, "the workflow uses no matrix keys?"
-    for key in used:
-        assert all(key in row for row in rows), key
+    for flags, jobs in (((), [n for n in wf["jobs"] if n != "gpu"]), (("--gpu-runners", "ptmg-sm90=9.0"), ["gpu"])):
+        r = subprocess.run([sys.executable, str(ROOT / "build.py"), "matrix", "--json", "--github", *flags], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120, check=True)
+        assert "\n" not in r.stdout.strip(), "the GITHUB_OUTPUT line must be one line"
+        rows = json.loads(r.stdout)["include"]
+        assert rows and all("name" in row for row in rows)
+        text = json.dumps([wf["jobs"][n] for n in jobs])
+        used = set(re.findall(r"matrix\.([A-Za-z_][A-Za-z0-9_-]*)", text)) - {"outputs"}
+        assert used or flags == (), "the GPU job uses no matrix keys?"
+        for key in used:
+            assert all(key in row for row in rows), (flags, key)
 
 
 @pytest.mark.parametrize(("target", "expect"), [
@@ -490,3 +493,23 @@ def test_build_py_flags_the_workflow_uses_exist() -> None:
     p.parse_args(["build", "--no-cache", "--force"])
     p.parse_args(["test", "--only", "x", "--require-gpu"])
     p.parse_args(["doctor", "--only", "x"])
+
+
+def test_each_cell_runs_only_on_gpu_runners_it_supports(wf: dict[str, Any], tmp_path: Path) -> None:
+    """The GPU job's matrix pairs each cell with the runner labels whose compute capability its arch
+    list covers; a Hopper runner never gets torch 2.0.1 (no sm_90 code), which could only fail there."""
+    gpu, matrix_job = wf["jobs"]["gpu"], wf["jobs"]["matrix"]
+    assert gpu["strategy"]["matrix"] == FROM_GPU_MATRIX and "${{ matrix.runner }}" in _labels(gpu)
+    assert "build.py matrix --json --github --gpu-runners" in _runs(matrix_job)
+    assert matrix_job["outputs"]["gpu_matrix"] == "${{ steps.cells.outputs.gpu_matrix }}"
+    from tests.support import LATEST, MID, OLD, write_matrix
+
+    proc = subprocess.run([sys.executable, str(ROOT / "build.py"), "matrix", "--config", str(write_matrix(tmp_path)),
+                           "--json", "--github", "--gpu-runners", "ptmg-sm80=8.0,ptmg-sm90=9.0"],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    pairs = {(r["name"], r["runner"]) for r in json.loads(proc.stdout)["include"]}
+    assert pairs == {(OLD, "ptmg-sm80"), (MID, "ptmg-sm80"), (MID, "ptmg-sm90"), (LATEST, "ptmg-sm80"),
+                     (LATEST, "ptmg-sm90")}
+    publish = _runs(wf["jobs"]["publish"])
+    assert publish.index("build.py doctor") < publish.index("build.py test --require-gpu")

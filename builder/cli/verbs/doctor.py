@@ -10,7 +10,7 @@ from builder.host import doctor
 
 
 def run(ctx: Context) -> int:
-    findings = doctor.diagnose(ctx.cells, ctx.engine)
+    findings = doctor.diagnose(ctx.cells, ctx.engine, ctx.matrix.cells)
     if ctx.args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     else:

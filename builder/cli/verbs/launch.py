@@ -15,6 +15,7 @@ from builder.cli.registry import Verb
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
 from builder.launch import FILENAMES, LAUNCHERS, TARGETS, ImagePin, LaunchConfig, pin_image, render
+from builder.launch.config import resolve_image_file
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -45,8 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"{contract.DDP_JOB})")
     p.add_argument("--launcher", choices=LAUNCHERS, default="pyxis",
                    help="Slurm: how each node runs the image: pyxis (srun --container-image), apptainer "
-                        "(apptainer exec docker://...), docker (docker run --network host) or native (nodes whose OS "
-                        "is the image, e.g. Slurm in containers of it: srun runs the script directly) (default pyxis)")
+                        "(apptainer exec docker://... or a .sif), docker (docker run --network host), native (nodes "
+                        "whose OS is the image, e.g. Slurm in containers of it: srun runs the script directly) or "
+                        "charliecloud (ch-run of an exported .sqsh; CPU ranks only) (default pyxis)")
+    p.add_argument("--image-file", default=None, type=types.text, metavar="PATH",
+                   help="Slurm: run this exported image file instead of the registry image (pyxis, charliecloud: "
+                        "a .sqsh; apptainer: a .sif; from `build.py export`); every node opens it by its absolute "
+                        "path, so put it on a shared filesystem")
     p.add_argument("--name", default="ptmg-ddp", type=types.text,
                    help="job name (DNS-1035, at most 40 characters; default ptmg-ddp)")
     p.add_argument("--image", default=None, type=types.text, metavar="REF",
@@ -97,6 +103,12 @@ def run(ctx: Context) -> int:
     if a.out is None and len(ctx.cells) > 1:
         raise InputError(f"--only: {len(ctx.cells)} cells selected; choose one with --only CELL, or give --out DIR")
     nproc = a.nproc_per_node if a.nproc_per_node is not None else a.gpus_per_node
+    image_file = ""
+    if a.image_file is not None:
+        if a.target != "slurm":
+            raise InputError(f"--image-file {a.image_file}: for --target slurm only (Kubernetes pulls images from "
+                             "a registry)")
+        image_file = resolve_image_file(a.image_file)
     try:
         command = tuple(shlex.split(a.command)) if a.command else ()
     except ValueError as exc:
@@ -106,7 +118,9 @@ def run(ctx: Context) -> int:
         # Another platform's cell is <tag>-<arch> here, but its registry tag is the cell's tag (both platforms).
         ref = a.image or (f"{cell.repository}:{cell.tag}" if cell.emulated else cell.ref)
         cfg = LaunchConfig(
-            cell=cell.name, image=_pin(ctx, ref, a.no_pin or a.dry_run, None if a.image else cell.ref), nodes=a.nodes,
+            cell=cell.name,
+            image=_pin(ctx, ref, a.no_pin or a.dry_run or bool(image_file), None if a.image else cell.ref),
+            image_file=image_file, nodes=a.nodes,
             gpus_per_node=a.gpus_per_node, nproc_per_node=nproc, name=a.name, command=command, launcher=a.launcher,
             torch=cell.torch,
             rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
@@ -115,7 +129,7 @@ def run(ctx: Context) -> int:
             rdma_resources=tuple(a.rdma_resource), arch=cell.arch,
         ).check()
         text = render(a.target, cfg)
-        if not cfg.image.pinned:
+        if not cfg.image.pinned and not image_file:
             log.warning("%s: %s", cell.name, cfg.image.note)
         entry = {"cell": cell.name, "target": a.target, "image": cfg.image.ref, "digest": cfg.image.digest,
                  "image_id": cfg.image.image_id, "path": None}
@@ -138,7 +152,8 @@ def run(ctx: Context) -> int:
     return 0
 
 
-VERB = Verb("launch", "ready-to-submit multi-node jobs for Slurm (pyxis, apptainer, docker, native) and Kubernetes; "
+VERB = Verb("launch", "ready-to-submit multi-node jobs for Slurm (pyxis, apptainer, docker, native, charliecloud) "
+            "and Kubernetes; "
             "see [docs/launch.md](docs/launch.md)", "launch --target slurm|pytorchjob|jobset", run, add_arguments,
             "Write ready-to-submit job definitions for the selected cell(s): a Slurm sbatch script, a Kubeflow "
             "PyTorchJob or a JobSet, pinned to the image's digest when one is known.")

@@ -14,7 +14,7 @@ from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
 from builder.host import emulation
-from builder.smoke import gpus, passes, results, runner
+from builder.smoke import gpufit, gpus, passes, results, runner
 from builder.spec import platforms
 
 #: Time caps for a cell of another architecture (qemu-user: `import torch` alone takes 1-3 min on a
@@ -45,22 +45,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the JUnit XML of each image goes (default build-logs/junit/)")
 
 
-def plan_for(a: argparse.Namespace, env: Any = os.environ) -> gpus.RunPlan:
-    """The rank/GPU plan of this run (the one rule, see builder/smoke/gpus.py)."""
-    ids: tuple[str, ...] | None = None
+def plan_for(a: argparse.Namespace, env: Any = os.environ) -> tuple[gpus.RunPlan, tuple[gpus.HostGpu, ...]]:
+    """The rank/GPU plan of this run (the one rule, see builder/smoke/gpus.py) and the GPUs it uses."""
+    visible: tuple[gpus.HostGpu, ...] = ()
     if a.require_gpu:
-        ids, note = gpus.host_gpus(env)
-        if not ids:
+        visible, note = gpus.visible_gpus(env)
+        if not visible:
             raise StepFailed(f"--require-gpu: no GPU visible on this host ({note})")
-        if note:
-            log.warning("%s", note)
-    return gpus.plan_run(ids, a.nodes, a.nproc)
+        for warning in (note, gpufit.device_order_warning(visible, env)):
+            if warning:
+                log.warning("%s", warning)
+    plan = gpus.plan_run(tuple(g.uuid for g in visible) if a.require_gpu else None, a.nodes, a.nproc)
+    mig = gpufit.mig_problem(visible, plan)
+    if mig:
+        raise gpus.GpuPlanError(mig)
+    return plan, visible
 
 
 def run(ctx: Context) -> int:
     a = ctx.args
     require_multi = bool(a.require_gpu and a.require_multi_gpu)
-    plan = plan_for(a)
+    plan, visible = plan_for(a)
     log.info("DDP plan: %s", plan.describe())
     engine = ctx.engine()
     junit_dir = Path(a.junit_dir)
@@ -90,6 +95,13 @@ def run(ctx: Context) -> int:
                 log.warning("%s: runs under emulation (%s): no GPU in it, so its GPU checks are skipped and its "
                             "DDP job runs on CPU ranks (gloo)", cell.name, emulated)
                 cell_plan, use_gpus = gpus.plan_run(None, a.nodes, a.nproc), False
+        refused = gpufit.refusal(cell, ctx.matrix.cells, visible) if use_gpus else ""
+        if refused:  # a driver too old or an arch list without these GPUs: no container would pass
+            log.error("%s", refused)
+            rows.append([cell.name, "FAIL (GPUs)", "-", "-", "-", "-"])
+            report.append({"cell": cell.name, "image_id": image_id, "ok": False, "problems": [refused]})
+            failed = True
+            continue
         log.info("%s: selftest%s", cell.name, f" under emulation ({emulated})" if emulated else "")
         st = runner.run_selftest(engine, cell.ref, gpus=use_gpus, gpu_ids=cell_plan.gpu_ids,
                                  require_multi_gpu=require_multi and use_gpus,
@@ -103,7 +115,8 @@ def run(ctx: Context) -> int:
                               timeout=EMULATED_DDP_S if emulated else 300.0, job_extra=EMULATED_JOB if emulated else ())
         log.info("%s", ddp.summary())
         if ddp.result is not None and ddp.result.busbw:
-            log.info("%s: all-reduce bus bandwidth\n%s", cell.name, results.busbw_markdown(ddp.result))
+            log.info("%s: all-reduce bus bandwidth\n%s", cell.name,
+                     results.busbw_markdown(ddp.result, same_host_nodes=cell_plan.nodes))
         ok = st.ok and ddp.ok
         failed |= not ok
         c = st.counts
