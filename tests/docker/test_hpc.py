@@ -68,10 +68,18 @@ def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[st
 
 @pytest.mark.parametrize("cell", SEEDS)
 def test_build_py_test_passes_on_both_seed_cells(cell: str, tmp_path: Path) -> None:
+    """The harness path: the selftest with the image's probed labels as its expectations (so the
+    version checks really compare), JUnit XML per cell, then the DDP job."""
     _need(f"pt-multi-gpu:{cell}")
     r = subprocess.run([*BUILD_PY, "test", "--only", cell, "--junit-dir", str(tmp_path)], cwd=ROOT,
                        capture_output=True, text=True, timeout=2400, check=False)
     assert r.returncode == 0, f"build.py test --only {cell}:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
+    junit = (tmp_path / f"{cell}.xml").read_text(encoding="utf-8")
+    assert junit.count("<testcase") >= 20 and 'failures="0"' in junit and 'errors="0"' in junit, junit[:600]
+    for check in ("test_env[torch]", "test_env[torchvision]", "test_env[python]", "test_env[cuda-arch-list]",
+                  "test_cpp_extension"):
+        case = re.search(rf'<testcase [^>]*name="{re.escape(check)}"[^>]*?(?:/>|>(.*?)</testcase>)', junit, re.S)
+        assert case is not None and "<skipped" not in (case.group(1) or "") and "<failure" not in (case.group(1) or ""), check
 
 
 # --- without the entrypoint ---------------------------------------------------------------------
@@ -175,17 +183,28 @@ def test_export_refuses_bad_paths_and_missing_images(export_dir: Path) -> None:
     assert list(export_dir.iterdir()) == []
 
 
-def test_export_sif_is_a_sif_with_the_squashfs_inside(test_image: str, export_dir: Path) -> None:
-    sif = export_dir / "image.sif"
+def test_export_sif_is_a_sif_with_the_squashfs_inside(export_dir: Path) -> None:
+    """The same code path as a cell's export, on the small base image (a cell's SIF is 3.4 GB):
+    real mksquashfs, real siftool, and the SIF's primary partition is that squashfs."""
+    sif = export_dir / "base.sif"
     try:
-        r = _export(test_image, "sif", sif)
+        r = _export("debian:bookworm-slim", "sif", sif)
         assert r.returncode == 0, r.stdout + r.stderr
         listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True, check=True,
                                  timeout=60).stdout
-        assert "Squashfs" in listing and "Primary" in listing.replace("Primary System", "Primary"), listing
-        assert [p.name for p in export_dir.iterdir()] == ["image.sif"]  # no temporary left
+        assert "Squashfs" in listing and "Primary" in listing, listing
+        assert [p.name for p in export_dir.iterdir()] == ["base.sif"]  # no temporary left
+        part = export_dir / "part.sqsh"
+        dumped = subprocess.run(["siftool", "dump", str(sif), "1"], capture_output=True, check=False, timeout=120)
+        if dumped.returncode != 0:  # the partition's id is the first object after the header
+            dumped = subprocess.run(["siftool", "dump", str(sif), "2"], capture_output=True, check=True, timeout=120)
+        part.write_bytes(dumped.stdout)
+        rc = subprocess.run(["unsquashfs", "-cat", str(part), "etc/rc"], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+        assert rc.startswith("# enroot-provenance: dockerd://debian:bookworm-slim"), rc
     finally:
         sif.unlink(missing_ok=True)
+        (export_dir / "part.sqsh").unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="module")
