@@ -25,6 +25,7 @@ import requests
 
 from builder.common.lazy import OnFirstUse
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
+from builder.engine.capabilities import Store, image_store
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
 from ptmg_contract import PROJECT_LABEL
 
@@ -65,6 +66,7 @@ class Engine:
         self.labels: dict[str, str] = dict(labels) if labels is not None else {
             PROJECT_LABEL[0]: PROJECT_LABEL[1], "session": uuid.uuid4().hex}
         self._host_arch: str | None = None
+        self._store: Store | None = None
 
     # --- images ------------------------------------------------------------
     @_translated
@@ -192,6 +194,12 @@ class Engine:
     @_translated
     def version(self) -> dict[str, Any]:
         return dict(self.client.version())
+
+    def store(self) -> Store:
+        """The engine's image store, asked once (:func:`builder.engine.capabilities.image_store`)."""
+        if self._store is None:
+            self._store = image_store(self.info())
+        return self._store
 
     # --- builds --------------------------------------------------------------
     def build(self, req: BuildRequest, on_line: Callable[[str], None], cli: BuildkitCli | None) -> BuildOutcome:
