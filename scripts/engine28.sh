@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A second, current Docker engine beside the system's, for the docker tier's `modern_engine` tests.
 #
-#   scripts/engine28.sh start overlay2|containerd   # idempotent; prints DOCKER_HOST=unix://... on stdout
+#   scripts/engine28.sh start overlay2|containerd   # idempotent; prints the user's environment on stdout:
+#                                                  # DOCKER_HOST, DOCKER_CONFIG (finds buildx), PTMG_E28_BIN
 #   scripts/engine28.sh stop                       # stops it and deletes its data-root (idempotent)
 #   scripts/engine28.sh status                     # exit 0 when it answers
 #
@@ -85,6 +86,12 @@ rules() {  # rules add|del: this engine's own iptables rules, each marked with t
     done
 }
 
+print_env() {
+    echo "DOCKER_HOST=unix://$sock"
+    echo "DOCKER_CONFIG=$RUN/cli"
+    echo "PTMG_E28_BIN=$root/usr/bin"
+}
+
 start() {
     local store=$1 features
     case "$store" in
@@ -94,12 +101,15 @@ start() {
     esac
     need_root
     if answers && [ "$(running_store)" = "$store" ]; then
-        echo "DOCKER_HOST=unix://$sock"; return 0
+        print_env; return 0
     fi
     [ -z "$(running_store)" ] || stop
     install_packages
     command -v runc >/dev/null || die "runc is missing (Debian: apt-get install runc; docker.io brings it)"
-    mkdir -p "$RUN" "$DATA"
+    mkdir -p "$RUN/cli" "$DATA"
+    # The CLI finds buildx through its config (cliPluginsExtraDirs): nothing is put where the system's
+    # CLIs look for plugins, so the 20.10 engine's builds go on exactly as before.
+    printf '{"cliPluginsExtraDirs": ["%s"]}\n' "$root/usr/libexec/docker/cli-plugins" >"$RUN/cli/config.json"
     if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
         ip link add "$BRIDGE" type bridge
         ip addr add "$GATEWAY" dev "$BRIDGE"
@@ -125,7 +135,7 @@ JSON
         -H "unix://$sock" --pidfile "$RUN/dockerd.pid" --containerd-namespace ptmg-e28 \
         --containerd-plugins-namespace ptmg-e28-plugins >"$log" 2>&1 </dev/null &
     for _ in $(seq "$timeout_s"); do
-        if answers; then echo "DOCKER_HOST=unix://$sock"; return 0; fi
+        if answers; then print_env; return 0; fi
         sleep 1
     done
     say "dockerd did not answer within ${timeout_s}s; last lines of $log:"; tail -n 20 "$log" >&2 || true

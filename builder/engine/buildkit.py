@@ -7,6 +7,7 @@ Debian's 20.10 ``docker`` with ``DOCKER_BUILDKIT=1``, or any CLI with the buildx
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -162,9 +163,11 @@ def to_classic(dockerfile_text: str) -> str:
 def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: BuildkitCli) -> BuildOutcome:
     """`docker build` through a BuildKit CLI, streaming every line to the log and `on_line`."""
     with tempfile.TemporaryDirectory(prefix="ptmg-build-") as tmp:
-        iidfile = Path(tmp) / "iid"
+        iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
         argv = [cli.path, *cli.argv_prefix, "--progress=plain", "--pull=false",
                 "--file", str(req.dockerfile), "--iidfile", str(iidfile)]
+        if cli.buildx:
+            argv += ["--metadata-file", str(metadata)]
         if req.no_cache:
             argv.append("--no-cache")
         if req.platform:
@@ -196,4 +199,12 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
             code = proc.wait()
         if code != 0 or not iidfile.exists():
             return BuildOutcome(False, None, "buildkit", failed_step or f"docker build exited {code}", tuple(tail))
-        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit")
+        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit", manifest_digest=_manifest_digest(metadata))
+
+
+def _manifest_digest(metadata: Path) -> str | None:
+    try:
+        digest = json.loads(metadata.read_text()).get("containerimage.digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(digest) if isinstance(digest, str) and digest.startswith("sha256:") else None
