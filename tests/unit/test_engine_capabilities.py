@@ -92,3 +92,36 @@ def test_a_current_cli_without_buildx_is_named_with_the_fix(tmp_path: Path, monk
     assert line is not None and "\n" not in line and bare in line and "docker-buildx" in line
     monkeypatch.setattr(buildkit, "_candidates", lambda: [])
     assert buildkit.missing_builder() is None  # no CLI at all: the classic builder's case, as before
+
+
+class _InfoClient:
+    def __init__(self, info: dict[str, object]) -> None:
+        self._info = info
+
+    def info(self) -> dict[str, object]:
+        return self._info
+
+
+@pytest.mark.parametrize(("info", "want"), [(INFO_28_CONTAINERD, "sha256:manifest"), (INFO_28_CLASSIC, "sha256:config")])
+def test_a_buildx_build_is_named_by_what_the_store_calls_an_image(
+        info: dict[str, object], want: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The iidfile holds the config digest; in the containerd store the image ID is the manifest's
+    digest (buildx's metadata file), and the steps after the build (probe, labels) look it up by ID."""
+    from builder.engine import docker as engine_docker
+    from builder.engine.model import BuildOutcome, BuildRequest
+
+    monkeypatch.setattr(engine_docker, "build_with_cli", lambda *a: BuildOutcome(
+        True, "sha256:config", "buildkit", manifest_digest="sha256:manifest"))
+    engine = engine_docker.Engine(client=_InfoClient(info), labels={})
+    req = BuildRequest(tmp_path, tmp_path / "Dockerfile", {}, {}, tmp_path / "log")
+    cli = buildkit.BuildkitCli("/x/docker", buildkit.BUILDX_ARGS, {})
+    assert engine.build(req, lambda _l: None, cli).image_id == want
+
+
+def test_the_metadata_file_gives_the_manifest_digest(tmp_path: Path) -> None:
+    meta = tmp_path / "m.json"
+    meta.write_text('{"containerimage.config.digest": "sha256:c", "containerimage.digest": "sha256:m"}')
+    assert buildkit._manifest_digest(meta) == "sha256:m"
+    assert buildkit._manifest_digest(tmp_path / "absent.json") is None
+    meta.write_text("[]")
+    assert buildkit._manifest_digest(meta) is None
