@@ -21,6 +21,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # Registered here too, so `--strict-markers` holds whatever the ini file says.
     config.addinivalue_line("markers", "docker: needs a Docker engine; builds and runs real images")
     config.addinivalue_line("markers", skipguard.MARKER_HELP)
+    config.addinivalue_line("markers", "modern_engine: runs on a second, current Docker engine (scripts/engine28.sh)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

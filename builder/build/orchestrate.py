@@ -27,7 +27,15 @@ from builder.build.os_snapshot import Snapshot, Snapshots
 from builder.build.probe import check_probe, labels_for, probe
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
-from builder.engine import BuildkitCli, BuildOutcome, BuildRequest, Engine, EngineError, find_buildkit_cli
+from builder.engine import (
+    BuildkitCli,
+    BuildOutcome,
+    BuildRequest,
+    Engine,
+    EngineError,
+    find_buildkit_cli,
+    missing_builder,
+)
 from builder.host import emulation
 from builder.render import dockerfile as render
 from builder.spec import ImageSpec
@@ -216,5 +224,9 @@ def build_all(engine: Engine, cells: Sequence[ImageSpec], cfg: BuildConfig,
               on_line: Callable[[str, str], None]) -> list[CellResult]:
     """Build every cell (in parallel with cfg.jobs > 1); results in the order of `cells`."""
     builder = _Builder(engine, cfg, on_line)
+    if not cfg.dry_run and builder.cli() is None:
+        missing = missing_builder()
+        if missing is not None:  # a current CLI without buildx: one line with the fix, nothing built
+            raise InputError(missing)
     with ThreadPoolExecutor(max_workers=max(1, cfg.jobs)) as pool:
         return list(pool.map(builder.build, cells))

@@ -1,8 +1,9 @@
 """The engine boundary: the only package that imports the Docker SDK."""
 
-from builder.engine.buildkit import BuildkitCli, find_buildkit_cli, to_classic
+from builder.engine import capabilities
+from builder.engine.buildkit import BuildkitCli, buildx_facts, find_buildkit_cli, missing_builder, to_classic
 from builder.engine.docker import Engine
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
 
 __all__ = ["BuildOutcome", "BuildRequest", "BuildkitCli", "Container", "Engine", "EngineError", "Network",
-           "RunResult", "find_buildkit_cli", "to_classic"]
+           "RunResult", "buildx_facts", "capabilities", "find_buildkit_cli", "missing_builder", "to_classic"]

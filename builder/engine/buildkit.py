@@ -7,6 +7,7 @@ Debian's 20.10 ``docker`` with ``DOCKER_BUILDKIT=1``, or any CLI with the buildx
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.engine.capabilities import parse_inspect
 from builder.engine.model import BuildOutcome, BuildRequest
 
 
@@ -24,31 +26,86 @@ class BuildkitCli:
     """A docker CLI that builds with BuildKit, and how to ask it to."""
 
     path: str
-    argv_prefix: tuple[str, ...]  # ("build",) with DOCKER_BUILDKIT=1, or ("buildx", "build", "--load")
+    argv_prefix: tuple[str, ...]  # ("build",) with DOCKER_BUILDKIT=1, or ("buildx", "build", "--load", ...)
     env: Mapping[str, str] = field(repr=False)
+
+    @property
+    def buildx(self) -> bool:
+        return self.argv_prefix[:1] == ("buildx",)
+
+    def describe(self) -> str:
+        return f"{self.path} {'buildx' if self.buildx else 'build with DOCKER_BUILDKIT=1'}"
+
+
+#: buildx's own additions to a build, off: an image is one manifest, as the 20.10 builder makes it, in
+#: both image stores (with a provenance attestation the containerd store's image would be an index).
+BUILDX_ARGS = ("buildx", "build", "--load", "--provenance=false", "--sbom=false")
+MISSING_BUILDX = ("{cli} is Docker {version}, whose `docker build` builds with BuildKit only through the buildx "
+                  "plugin, and the plugin is missing. Fix: install it (Debian: apt-get install docker-buildx; "
+                  "Docker's repository: docker-buildx-plugin), or put Debian 12's docker.io CLI (20.10) first")
+
+
+def _candidates() -> list[str]:
+    seen: list[str] = []
+    for cand in ("/usr/bin/docker", shutil.which("docker") or ""):
+        if cand and cand not in seen and os.access(cand, os.X_OK):
+            seen.append(cand)
+    return seen
 
 
 def find_buildkit_cli() -> BuildkitCli | None:
-    """The first docker CLI here that can build with BuildKit.
+    """The docker CLI here that builds with BuildKit, asking each CLI what it can do.
 
-    A CLI with the buildx plugin builds with `buildx build --load`. A 20.10 CLI
-    (Debian's docker.io) builds with BuildKit when DOCKER_BUILDKIT=1. A newer CLI
-    without buildx refuses BuildKit, so it is skipped.
+    A CLI with the buildx plugin (any of them: the first on PATH or /usr/bin/docker) builds with
+    `buildx build --load`. Else a 20.10 CLI (Debian's docker.io) builds with BuildKit when
+    DOCKER_BUILDKIT=1, exactly as before the buildx path existed. A newer CLI without buildx refuses
+    BuildKit, so it is skipped (:func:`missing_builder` says why).
     """
-    seen: set[str] = set()
-    for cand in ("/usr/bin/docker", shutil.which("docker") or ""):
-        if not cand or cand in seen or not os.access(cand, os.X_OK):
-            continue
-        seen.add(cand)
-        env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    env = {**os.environ, "DOCKER_BUILDKIT": "1"}
+    cands = _candidates()
+    for cand in cands:
         if _quiet([cand, "buildx", "version"]):
-            return BuildkitCli(cand, ("buildx", "build", "--load"), env)
-        out = subprocess.run([cand, "version", "--format", "{{.Client.Version}}"], capture_output=True,
-                             text=True, check=False, timeout=20).stdout.strip()
-        m = re.match(r"(\d+)\.", out)
-        if m and int(m.group(1)) < 23:
+            return BuildkitCli(cand, BUILDX_ARGS, env)
+    for cand in cands:
+        major = _client_major(cand)
+        if major is not None and major < 23:
             return BuildkitCli(cand, ("build",), env)
     return None
+
+
+def missing_builder() -> str | None:
+    """The one line that says why no CLI here builds with BuildKit (a CLI >= 23 without buildx), or
+    None when there is no docker CLI at all (the classic builder's case)."""
+    for cand in _candidates():
+        major = _client_major(cand)
+        if major is not None and major >= 23:
+            return MISSING_BUILDX.format(cli=cand, version=major)
+    return None
+
+
+def _client_major(cli: str) -> int | None:
+    try:
+        out = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True,
+                             text=True, check=False, timeout=20).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    m = re.match(r"(\d+)\.", out)
+    return int(m.group(1)) if m else None
+
+
+def buildx_facts(cli: BuildkitCli) -> tuple[str | None, str | None]:
+    """(buildx version, BuildKit version as `buildx inspect` reports it) of a buildx CLI; (None, None)
+    for a 20.10 CLI, whose engine's BuildKit reports no version."""
+    if not cli.buildx:
+        return None, None
+    try:
+        ver = subprocess.run([cli.path, "buildx", "version"], capture_output=True, text=True, check=False,
+                             timeout=20, env=dict(cli.env)).stdout.strip()
+        inspect = subprocess.run([cli.path, "buildx", "inspect"], capture_output=True, text=True, check=False,
+                                 timeout=30, env=dict(cli.env)).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None, None
+    return (ver.split()[1] if len(ver.split()) > 1 else ver) or None, parse_inspect(inspect)
 
 
 def _quiet(argv: Sequence[str]) -> bool:
@@ -106,9 +163,11 @@ def to_classic(dockerfile_text: str) -> str:
 def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: BuildkitCli) -> BuildOutcome:
     """`docker build` through a BuildKit CLI, streaming every line to the log and `on_line`."""
     with tempfile.TemporaryDirectory(prefix="ptmg-build-") as tmp:
-        iidfile = Path(tmp) / "iid"
+        iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
         argv = [cli.path, *cli.argv_prefix, "--progress=plain", "--pull=false",
                 "--file", str(req.dockerfile), "--iidfile", str(iidfile)]
+        if cli.buildx:
+            argv += ["--metadata-file", str(metadata)]
         if req.no_cache:
             argv.append("--no-cache")
         if req.platform:
@@ -140,4 +199,12 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
             code = proc.wait()
         if code != 0 or not iidfile.exists():
             return BuildOutcome(False, None, "buildkit", failed_step or f"docker build exited {code}", tuple(tail))
-        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit")
+        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit", manifest_digest=_manifest_digest(metadata))
+
+
+def _manifest_digest(metadata: Path) -> str | None:
+    try:
+        digest = json.loads(metadata.read_text()).get("containerimage.digest")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return str(digest) if isinstance(digest, str) and digest.startswith("sha256:") else None

@@ -60,3 +60,6 @@ class BuildOutcome:
     builder: str  # "buildkit" or "classic"
     failed_step: str = ""
     tail: tuple[str, ...] = ()
+    #: buildx's containerimage.digest: the manifest's digest, which is the image ID in the containerd
+    #: image store (the iidfile holds the config digest, the ID in the classic store)
+    manifest_digest: str | None = None

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.engine import Engine, EngineError, find_buildkit_cli
+from builder.engine import Engine, EngineError, buildx_facts, capabilities, find_buildkit_cli, missing_builder
 from builder.host import emulation
 from builder.smoke import gpufit
 from builder.smoke import gpus as gpus_mod
@@ -103,6 +103,25 @@ def disk_finding(free: int, cells: int) -> Finding:
                    "free space (`docker image prune`, `docker builder prune`) or build fewer cells with --only")
 
 
+def builder_findings(engine: Engine | None) -> list[Finding]:
+    """The builder the build uses, and what its BuildKit can do (asked of the CLI and the engine)."""
+    cli = find_buildkit_cli()
+    if cli is None:
+        missing = missing_builder()
+        if missing is not None:
+            what, _, fix = missing.partition(". Fix: ")
+            return [Finding("fail", f"builder: {what}", fix)]
+        return [Finding("warn", "builder: no docker CLI that builds with BuildKit; the classic builder will be used "
+                                "(no shared pip cache, no build secrets: CA or pip settings refused)",
+                        "install docker buildx, or Debian's docker.io (its 20.10 CLI builds with DOCKER_BUILDKIT=1)")]
+    buildx, reported = buildx_facts(cli)
+    api = str(engine.version().get("ApiVersion") or "") if engine is not None else None
+    version, source = capabilities.buildkit_version(reported, api)
+    level = f"BuildKit {'.'.join(map(str, version.parts))} ({source})" if version else f"BuildKit {source}"
+    has = ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in capabilities.features(version))
+    return [Finding("ok", f"builder: {cli.describe()}{f' {buildx}' if buildx else ''}; {level}; {has}")]
+
+
 def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine],
              matrix_cells: Sequence[ImageSpec] | None = None) -> list[Finding]:
     """Every check, in order; ``connect`` makes the run's engine (a failure is a finding, not an error)."""
@@ -119,6 +138,13 @@ def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine],
         ver = engine.version()
         findings.append(Finding("ok", f"engine: Docker {ver.get('Version')} (API {ver.get('ApiVersion')}), "
                                       f"storage driver {info.get('Driver')}"))
+        store = capabilities.image_store(info)
+        if store.kind == capabilities.UNKNOWN:
+            findings.append(Finding("fail", "image store: " + capabilities.unknown_store_line(store).split(". Fix")[0],
+                                    capabilities.FIX_STORE))
+        else:
+            ids = "manifest digests" if store.kind == capabilities.CONTAINERD else "config digests"
+            findings.append(Finding("ok", f"image store: {store.kind} ({store.driver}; image IDs are {ids})"))
         root = Path(str(info.get("DockerRootDir", "/var/lib/docker")))
         try:
             free = shutil.disk_usage(root).free
@@ -133,15 +159,7 @@ def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine],
                                             "(`docker run --gpus all` will fail)",
                                     "install the NVIDIA Container Toolkit and run "
                                     "`nvidia-ctk runtime configure --runtime=docker`, then restart dockerd"))
-    cli = find_buildkit_cli()
-    if cli is not None:
-        findings.append(Finding("ok", f"BuildKit: {cli.path} {' '.join(cli.argv_prefix)} "
-                                      "(cache mounts and build secrets available)"))
-    else:
-        findings.append(Finding("warn", "BuildKit: no docker CLI that builds with BuildKit; the classic builder will "
-                                        "be used (no shared pip cache, no build secrets: CA or pip settings refused)",
-                                "install docker buildx, or Debian's docker.io (its 20.10 CLI builds with "
-                                "DOCKER_BUILDKIT=1)"))
+    findings += builder_findings(engine)
     gpus, reason = host_gpus()
     if gpus:
         names = ", ".join(sorted({g.name for g in gpus}))

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import ptmg_contract as contract
+from builder.engine.capabilities import CONTAINERD
 from builder.publish.client import MANIFEST_LIST, MANIFEST_V2, OCI_INDEX, OCI_MANIFEST, Remote
 from builder.publish.faults import Fault
 from builder.publish.policy import image_date, image_revision
@@ -57,6 +58,7 @@ class PublisherPort(Protocol):
     engine: Any  # image_attrs(ref)
     registry: Any  # manifest(ref) -> Remote, put_manifest(ref, media_type, body) -> digest | Fault
     cfg: Any  # .retry.attempts
+    store: str  # the engine's image store (capabilities.CLASSIC or CONTAINERD)
 
     def _publish_tag(self, cell: Any, tag: str, kind: str, remote: Remote | None) -> TagResult: ...
     def _result(self, tag: str, kind: str, status: str, message: str = "", **kw: Any) -> TagResult: ...
@@ -194,7 +196,8 @@ class MultiPlatform:
         have: dict[str, str | None] = {}
         for plat, digest in remote.children:
             child = self.pub.registry.manifest(digest)
-            have[normal_platform(plat)] = child.config_digest if child.fault is None else None
+            names = child.digest if self.pub.store == CONTAINERD else child.config_digest
+            have[normal_platform(plat)] = names if child.fault is None else None
         return have == want
 
     def _decide(self, kind: str, remote: Remote, group: Group) -> tuple[str, str]:
@@ -228,7 +231,8 @@ class MultiPlatform:
             return
         arch_reads = {c.spec.name: pub._read(group.platform_tags[c.spec.name])[0] for c in group.cells}
         list_reads = {t: pub._read(t)[0] for t in group.immutable}
-        arch_plan = {c.spec.name: decide("immutable", arch_reads[c.spec.name], c.image_id) for c in group.cells}
+        arch_plan = {c.spec.name: decide("immutable", arch_reads[c.spec.name], c.image_id, pub.store)
+                     for c in group.cells}
         list_plan = {t: self._decide("immutable", r, group) for t, r in list_reads.items()}
         blocked = [t for t, (a, _) in [*((group.platform_tags[n], d) for n, d in arch_plan.items()),
                                        *list_plan.items()] if a in ("refuse", "fail")]

@@ -7,29 +7,27 @@ The order, for the selected cells:
    so a rerun next week names the same tags for the same image).
 2. Immutable tags: read each one's manifest from the registry first.
    - absent (HTTP 404 with MANIFEST_UNKNOWN/NAME_UNKNOWN, nothing else) -> push;
-   - present with the same image (the manifest's config digest is the local image id) -> "unchanged";
+   - present with the same image (the manifest names the local image id: capabilities.names_image) -> "unchanged";
    - present with another image -> "refused", and NOTHING of that cell is pushed;
    - anything else (401/403, 429, 5xx, network, a 404 that is not a registry's) -> the cell fails;
      transient faults are retried with exponential backoff and jitter first.
    After each push the manifest is read back; its Docker-Content-Digest must be the push's digest.
-   Before that, two OS-freshness gates (builder/publish/freshness.py): a cell whose image is the one
-   its floating tag already holds (same recipe, Debian and venv packages) is skipped ("unchanged
-   since <date>"; --publish-unchanged pushes it anyway), and one with Debian security updates
-   pending longer than images.yaml's audit.debian.max_pending_days is refused (--allow-stale-os).
+   Before that, two OS-freshness gates (builder/publish/freshness.py): a cell whose image is the one its
+   floating tag already holds (same recipe, Debian and venv packages) is skipped ("unchanged since
+   <date>"; --publish-unchanged pushes it anyway), and one with Debian security updates pending longer
+   than images.yaml's audit.debian.max_pending_days is refused (--allow-stale-os).
 3. The floating-tag gate: only when EVERY selected cell has all its immutable
    tags published and a smoke-test pass recorded for its exact image id
    (builder.records; `--allow-untested` waives the latter, loudly).
 4. Floating tags (``<tag>``, ``2.7-cuda12.6``, ``latest``) move.
 5. A JSON and a Markdown report go to --report-dir. Exit 1 if anything failed.
 
-Credentials come from the environment (PTMG_REGISTRY_USER with PTMG_REGISTRY_PASSWORD
-or PTMG_REGISTRY_PASSWORD_FILE) or the docker config (auths, credHelpers,
-credsStore). They go to the engine as the push's auth_config and to the registry
-client as HTTP auth; they never appear in argv, logs or reports.
+Credentials come from the environment (PTMG_REGISTRY_USER with PTMG_REGISTRY_PASSWORD or
+PTMG_REGISTRY_PASSWORD_FILE) or the docker config (auths, credHelpers, credsStore). They go to the
+engine as the push's auth_config and to the registry client as HTTP auth; never to argv, logs, reports.
 
-Limitation: registry API v2 has no conditional PUT, so a second publisher racing
-between our read and our push can't be excluded here; CI serialises publishing
-(a concurrency group) for that reason.
+Limitation: registry API v2 has no conditional PUT, so a second publisher racing between our read
+and our push can't be excluded here; CI serialises publishing (a concurrency group) for that reason.
 """
 
 
@@ -45,6 +43,7 @@ from typing import Any, Protocol
 import ptmg_contract as contract
 from builder.common.log import log
 from builder.engine import EngineError
+from builder.engine.capabilities import CLASSIC, CONTAINERD, names_image
 from builder.publish import manifest_list
 from builder.publish.address import Registry
 from builder.publish.client import Remote
@@ -114,8 +113,10 @@ class Publisher:
                  sleep: Callable[[float], None] = time.sleep, rng: Callable[[], float] = random.random,
                  on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
                  unchanged: Callable[[ImageSpec, Mapping[str, str]], str | None] | None = None,
-                 os_gate: Callable[[ImageSpec, str, Mapping[str, str]], str | None] | None = None) -> None:
+                 os_gate: Callable[[ImageSpec, str, Mapping[str, str]], str | None] | None = None,
+                 store: str = CLASSIC) -> None:
         self.engine = engine
+        self.store = store  # the engine's image store: what its image IDs name (capabilities.names_image)
         self.registry = registry
         self.cfg = cfg
         self.repo = cfg.registry.repository(repository)
@@ -216,8 +217,9 @@ class Publisher:
             return remote, f"pushed, but reading it back failed: {remote.fault}"
         if remote.digest != digest:
             return remote, f"pushed {digest}, but the registry answers {remote.digest} for this tag"
-        if remote.config_digest != image_id:
-            return remote, f"the registry's manifest describes image {remote.config_digest}, not {image_id}"
+        if not names_image(self.store, image_id, remote.digest, remote.config_digest):
+            what = remote.digest if self.store == CONTAINERD else remote.config_digest
+            return remote, f"the registry's manifest describes image {what}, not {image_id} ({self.store} store)"
         return remote, None
 
     def _publish_tag(self, cell: _Cell, tag: str, kind: str, remote: Remote | None) -> TagResult:
@@ -231,7 +233,7 @@ class Publisher:
             attempt += 1
             if remote is None:
                 remote = self.registry.manifest(tag)
-            action, why = decide(kind, remote, cell.image_id)
+            action, why = decide(kind, remote, cell.image_id, self.store)
             extra = {"attempts": attempt, "layers_uploaded": uploaded, "layers_existing": existing,
                      "seconds": round(time.monotonic() - start, 2)}
             if action == "fail":
@@ -270,7 +272,7 @@ class Publisher:
     def _immutable(self, cell: _Cell) -> None:
         assert cell.tags is not None
         reads = {t: self._read(t)[0] for t in cell.tags.immutable}
-        decisions = {t: decide("immutable", r, cell.image_id) for t, r in reads.items()}
+        decisions = {t: decide("immutable", r, cell.image_id, self.store) for t, r in reads.items()}
         blocked = [t for t, (action, _) in decisions.items() if action in ("refuse", "fail")]
         if blocked:
             # All or nothing: one refused or unreadable immutable tag stops the whole cell.

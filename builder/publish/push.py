@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from builder.engine.capabilities import CLASSIC, names_image
 from builder.publish.client import Remote
 
 
@@ -52,13 +53,14 @@ class PushTracker:
 
 
 # --- decisions (pure) -------------------------------------------------------------------
-def decide(kind: str, remote: Remote, image_id: str) -> tuple[str, str]:
-    """What to do with one tag: ("push" | "unchanged" | "refuse" | "fail", why)."""
+def decide(kind: str, remote: Remote, image_id: str, store: str = CLASSIC) -> tuple[str, str]:
+    """What to do with one tag: ("push" | "unchanged" | "refuse" | "fail", why). ``store``: the engine's
+    image store, which says what the local image ID is (:func:`builder.engine.capabilities.names_image`)."""
     if remote.fault is not None:
         return "fail", str(remote.fault)
     if not remote.present:
         return "push", "not in the registry yet"
-    if remote.config_digest == image_id:
+    if names_image(store, image_id, remote.digest, remote.config_digest):
         return "unchanged", f"the registry already holds this image ({remote.digest})"
     held = f"image {remote.config_digest}" if remote.config_digest else f"a {remote.media_type or 'manifest'}"
     if kind == "immutable":

@@ -15,7 +15,7 @@ import pytest
 import requests
 from requests.structures import CaseInsensitiveDict
 
-from builder.engine import EngineError
+from builder.engine import EngineError, capabilities
 from builder.publish import address, client, credentials, faults, policy, publisher, push
 from builder.publish import report as publish_report
 from builder.smoke import passes
@@ -427,6 +427,8 @@ def manifest_digest(image_id: str) -> str:
 
 
 class FakeEngine:
+    STORE = capabilities.CLASSIC  # what its image IDs name (the publisher is told, as the verb tells it)
+
     def __init__(self, registry: FakeRegistry) -> None:
         self.registry = registry
         self.images: dict[str, dict[str, Any]] = {}
@@ -442,6 +444,11 @@ class FakeEngine:
 
     def image_attrs(self, ref: str) -> dict[str, Any] | None:
         return self.images.get(ref)
+
+    def store(self) -> capabilities.Store:
+        return self.store_as
+
+    store_as = capabilities.Store(capabilities.CLASSIC, "overlay2")
 
     def tag(self, image_id: str, ref: str) -> None:
         self.tagged[ref] = image_id
@@ -485,10 +492,11 @@ def matrix(tmp_path: Path) -> Matrix:
 
 class World:
     def __init__(self, matrix: Matrix, *, tested: tuple[str, ...] = (IMG_A, IMG_B), allow_untested: bool = False,
-                 attempts: int = 4, creds: credentials.Credentials | None = None) -> None:
+                 attempts: int = 4, creds: credentials.Credentials | None = None,
+                 engine: type[FakeEngine] | None = None) -> None:
         self.matrix = matrix
         self.registry = FakeRegistry()
-        self.engine = FakeEngine(self.registry)
+        self.engine = (engine or FakeEngine)(self.registry)
         self.engine.add(f"pt-multi-gpu:{A}", IMG_A, A)
         self.engine.add(f"pt-multi-gpu:{B}", IMG_B, B, layers=("l1", "l3"))
         self.tested = set(tested)
@@ -502,7 +510,8 @@ class World:
 
     def run(self, only: tuple[str, ...] = (A, B)) -> publish_report.Report:
         p = publisher.Publisher(self.engine, self.registry, self.cfg, repository="pt-multi-gpu", creds=self.creds,
-                          smoke=self.smoke, sleep=self.sleeps.append, rng=lambda: 1.0)
+                          smoke=self.smoke, sleep=self.sleeps.append, rng=lambda: 1.0,
+                          store=self.engine.STORE)
         return p.run(self.matrix, [c for c in self.matrix.cells if c.name in only])
 
 
@@ -525,6 +534,48 @@ def test_publish_happy_path_immutable_before_floating(matrix: Matrix) -> None:
     assert w.engine.tagged == {}  # registry tags are removed locally after each push
     # Floating pushes after the immutable ones upload nothing new.
     assert all(not t.layers_uploaded for t in a.tags if t.kind == "floating")
+
+
+class ContainerdStoreEngine(FakeEngine):
+    """The containerd image store: a local image ID is the digest of the manifest that a push sends,
+    which names the config (the classic store's ID) inside it."""
+
+    STORE = capabilities.CONTAINERD
+
+    def add(self, ref: str, image_id: str, cell: str, layers: tuple[str, ...] = ("l1", "l2")) -> None:
+        super().add(ref, manifest_digest(image_id), cell, layers)
+        self.images[ref]["config"] = image_id
+
+    def push(self, ref: str, auth_config: Mapping[str, str] | None,
+             on_event: Callable[[Mapping[str, Any]], None]) -> None:
+        self.pushes.append((ref, auth_config))
+        attrs = next(a for a in self.images.values() if a["Id"] == self.tagged[ref])
+        tag = ref.rpartition(":")[2]
+        self.registry.tags[tag] = (attrs["Id"], attrs["config"])
+        on_event({"aux": {"Tag": tag, "Digest": attrs["Id"], "Size": 900}})
+
+
+def test_containerd_store_verifies_the_manifest_digest_and_a_rerun_is_unchanged(matrix: Matrix) -> None:
+    w = World(matrix, engine=ContainerdStoreEngine, tested=(manifest_digest(IMG_A), manifest_digest(IMG_B)))
+    report = w.run()
+    assert report.ok and set(_status(report).values()) == {"pushed"}, _status(report)
+    assert report.cells[0].digest == report.cells[0].image_id == manifest_digest(IMG_A)
+    n = len(w.engine.pushes)
+    again = w.run()
+    assert again.ok and set(_status(again).values()) == {"unchanged"} and len(w.engine.pushes) == n
+    # A registry that serves another manifest under the tag is caught in this store too.
+    w.registry.tags[TAGS_A[0]] = ("sha256:" + "9" * 64, IMG_A)
+    refused = w.run(only=(A,))
+    assert not refused.ok and _status(refused)[TAGS_A[0]] == "refused"
+
+
+def test_containerd_store_image_read_as_classic_fails_verification(matrix: Matrix) -> None:
+    """The same pushes judged by the classic store's rule (config digest == image ID) fail: the store
+    decides, so publish must ask the engine which one it is."""
+    w = World(matrix, engine=ContainerdStoreEngine, tested=(manifest_digest(IMG_A), manifest_digest(IMG_B)))
+    w.engine.STORE = capabilities.CLASSIC
+    report = w.run(only=(A,))
+    assert not report.ok and "describes image" in report.cells[0].tags[0].message
 
 
 def test_rerun_is_unchanged_and_pushes_nothing(matrix: Matrix) -> None:
@@ -834,3 +885,26 @@ def test_publish_verb_hands_the_password_only_to_the_push_and_the_registry_login
     reports = "".join(p.read_text() for p in report_dir.iterdir())
     for where, text in (("stdout", out), ("stderr", err), ("report", reports)):
         assert PASSWORD not in text, f"the password leaked into {where}"
+
+
+def test_publish_verb_refuses_an_unknown_image_store_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """An engine whose store is neither classic nor containerd: exit 2, one line with the fix, nothing
+    pushed (what its image IDs name is unknown, so no verification could be trusted)."""
+    import builder.cli.main as cli
+
+    registry = FakeRegistry()
+    engine = RecordingEngine(registry)
+    engine.add(f"pt-multi-gpu:{A}", IMG_A, A)
+    engine.store_as = capabilities.image_store({"Driver": "stargz", "DriverStatus": [["driver-type", "x.y"]]})
+    monkeypatch.setattr("builder.cli.context.Engine", lambda: engine)
+    monkeypatch.setattr(requests, "Session", lambda: FakeSession(lambda *a: FakeResponse(404, _err("NAME_UNKNOWN"))))
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    monkeypatch.setenv("PTMG_STATE_DIR", str(tmp_path / "state"))
+    config = write_matrix(tmp_path / "matrix")
+    rc = cli.main(["publish", "--config", str(config), "--only", A, "--registry", "127.0.0.1:5000/ns",
+                   "--report-dir", str(tmp_path / "report"), "--allow-stale-os"])
+    _out, err = capfd.readouterr()
+    assert rc == 2 and "Traceback" not in err
+    assert "neither Docker's classic store nor the containerd image store" in err and "containerd-snapshotter" in err
+    assert not [c for c in engine.calls if c[0] == "push"]

@@ -13,8 +13,10 @@ from builder.audit.report import SectionResult
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
+from builder.common.errors import InputError
 from builder.common.log import human_size, log, table
 from builder.common.paths import project_root
+from builder.engine.capabilities import UNKNOWN, unknown_store_line
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
@@ -94,9 +96,12 @@ def run(ctx: Context) -> int:
                     "audit could not run")
     vuln_gate = python_gate(ctx.engine(), vuln_settings, [ctx.docker_dir.parent, project_root()],
                             a.allow_unknown_vulns, audited)
+    store = ctx.engine().store()
+    if store.kind == UNKNOWN:  # what an image ID names decides every "unchanged" and every verification
+        raise InputError(unknown_store_line(store))
     publisher = Publisher(ctx.engine(), client, cfg, repository=ctx.matrix.repository, creds=creds,
                           smoke=functools.partial(passes.smoke_pass, ctx.root), unchanged=gates.unchanged,
-                          os_gate=combine(gates.os_gate, vuln_gate))
+                          os_gate=combine(gates.os_gate, vuln_gate), store=store.kind)
     report = publisher.run(ctx.matrix, ctx.cells)
     annotate(report, audited, vuln_settings)
     secrets = publisher.secrets

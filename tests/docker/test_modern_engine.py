@@ -1,0 +1,203 @@
+"""The users' engine: Docker 28 with buildx, in both image stores, beside the system's 20.10.
+
+`scripts/engine28.sh` fetches Debian forky's docker.io 28, docker-cli and docker-buildx (a private
+apt configuration; the system's sources are untouched), and starts a second dockerd with its own
+data-root, exec-root, socket, containerd and bridge. The module runs once per store: the classic
+overlay2 store, then the containerd image store (Docker 29's default for new installs), one at a time
+(one cell on disk, <= 15 GB at the peak), and stops the engine and deletes its data-root after each,
+also when a test fails. On it, with nothing but DOCKER_HOST (and the engine's CLI on PATH) pointing
+there: the seed cell builds, `make images` then skips it, its labels and probe are right, the selftest
+and a 2-rank DDP job pass, publish to a real registry verifies the digest the store calls the image
+(its config digest in the classic store, its manifest digest in the containerd store) and a rerun is
+'unchanged', and `diff`, `sbom` and `audit` work.
+
+Run alone: `.venv/bin/python -m pytest tests/docker -m modern_engine` (as root on Debian).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import requests
+
+import ptmg_contract as contract
+from builder.engine import capabilities
+from builder.publish.client import ACCEPT
+from builder.spec import load_matrix
+
+from .cellimage import DEFAULT_CELL, ROOT
+from .registry import LocalRegistry
+
+pytestmark = pytest.mark.modern_engine
+
+SCRIPT = ROOT / "scripts" / "engine28.sh"
+CELL = os.environ.get("PTMG_MODERN_CELL", DEFAULT_CELL)  # the 2.7.0 seed cell: the smallest default cell
+NAMESPACE = "modern"
+TIMES: dict[str, float] = {}
+
+
+@dataclass
+class Modern:
+    store: str
+    env: dict[str, str]  # the user's view: DOCKER_HOST, DOCKER_CONFIG (buildx), the engine's CLI first on PATH
+    client: docker.DockerClient
+    tmp: Path
+
+    def build_py(self, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+        t0 = time.monotonic()
+        p = subprocess.run([sys.executable, str(ROOT / "build.py"), *args], cwd=ROOT, env=self.env,
+                           capture_output=True, text=True, timeout=timeout, check=False)
+        TIMES[f"{self.store} build.py {args[0]}"] = TIMES.get(f"{self.store} build.py {args[0]}", 0) + \
+            time.monotonic() - t0
+        return p
+
+    def image(self) -> Any:
+        return self.client.images.get(f"pt-multi-gpu:{CELL}")
+
+
+def _script(*args: str) -> str:
+    p = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=900, check=False)
+    if p.returncode != 0:
+        pytest.fail(f"scripts/engine28.sh {' '.join(args)} failed (exit {p.returncode}):\n{p.stderr[-3000:]}",
+                    pytrace=False)
+    return p.stdout
+
+
+def _copy_base(system: docker.DockerClient, env: dict[str, str], ref: str) -> None:
+    """The cell's base from the system engine (read-only there: docker save) into the second engine's
+    load. Without one there, build.py bootstraps it on the second engine as on a fresh machine."""
+    try:
+        system.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return
+    save = subprocess.Popen(["/usr/bin/docker", "-H", "unix:///var/run/docker.sock", "save", ref],
+                            stdout=subprocess.PIPE)
+    load = subprocess.run(["docker", "load"], stdin=save.stdout, env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+    assert save.stdout is not None
+    save.stdout.close()
+    assert save.wait(timeout=60) == 0 and load.returncode == 0, load.stderr
+
+
+@pytest.fixture(scope="module", params=["overlay2", "containerd"])
+def modern(request: pytest.FixtureRequest, docker_client: docker.DockerClient,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Modern]:
+    store = str(request.param)
+    t0 = time.monotonic()
+    try:
+        lines = dict(line.split("=", 1) for line in _script("start", store).splitlines() if "=" in line)
+        env = {**os.environ, "DOCKER_HOST": lines["DOCKER_HOST"], "DOCKER_CONFIG": lines["DOCKER_CONFIG"],
+               "PATH": f"{lines['PTMG_E28_BIN']}:{os.environ.get('PATH', '')}",
+               "PTMG_STATE_DIR": str(tmp_path_factory.mktemp(f"state-{store}")),
+               "PTMG_OSV_DIR": str(ROOT / "tests" / "fixtures" / "osv")}
+        client = docker.DockerClient(base_url=lines["DOCKER_HOST"], version="auto", timeout=600)
+        spec = next(c for c in load_matrix(ROOT / "images.yaml").cells if c.name == CELL)
+        _copy_base(docker_client, env, spec.base_ref)
+        TIMES[f"{store} engine start + base copy"] = time.monotonic() - t0
+        yield Modern(store, env, client, tmp_path_factory.mktemp(f"modern-{store}"))
+        client.close()
+    finally:
+        t1 = time.monotonic()
+        _script("stop")  # containers, daemon, data-root, bridge and rules: gone, pass or fail
+        TIMES[f"{store} engine stop"] = time.monotonic() - t1
+        print("\nmodern engine times: " + ", ".join(f"{k} {v:.0f} s" for k, v in TIMES.items() if store in k))
+
+
+def test_the_engine_is_what_the_test_asked_for(modern: Modern) -> None:
+    info = modern.client.info()
+    assert capabilities.image_store(info).kind == (capabilities.CONTAINERD if modern.store == "containerd"
+                                                   else capabilities.CLASSIC)
+    assert str(info.get("DockerRootDir", "")).startswith("/var/lib/pt-multi-gpu-engine28")
+    p = modern.build_py("doctor")
+    out = p.stdout + p.stderr
+    assert "builder: " in out and "buildx" in out and "rewrite-timestamp (bit-identical layers): yes" in out, out
+    assert f"image store: {'containerd' if modern.store == 'containerd' else 'classic'}" in out, out
+
+
+def test_cell_builds_then_make_images_skips_it(modern: Modern) -> None:
+    p = modern.build_py("build", "--only", CELL, timeout=3600)
+    assert p.returncode == 0, p.stderr[-4000:]
+    log = (ROOT / "build-logs" / f"{CELL}.log").read_text(errors="replace")
+    assert " buildx build --load" in log.splitlines()[0]  # the buildx path, not 20.10's DOCKER_BUILDKIT=1
+    image_id = modern.image().id
+    # `make images` with this as the only engine there is (DOCKER_HOST names it): its own checks pass and
+    # the cell is unchanged, so the second build skips.
+    t0 = time.monotonic()
+    m = subprocess.run(["make", "--no-print-directory", "images", f"ARGS=--only {CELL}"], cwd=ROOT, env=modern.env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    TIMES[f"{modern.store} make images (skip)"] = time.monotonic() - t0
+    assert m.returncode == 0, (m.stdout + m.stderr)[-4000:]
+    assert "skipped" in m.stdout + m.stderr and modern.image().id == image_id
+
+
+def test_labels_probe_and_what_the_id_names(modern: Modern) -> None:
+    image = modern.image()
+    labels = image.labels
+    assert labels[contract.LABEL_CELL] == CELL and labels.get(contract.LABEL_INPUTS_HASH)
+    assert labels[f"{contract.LABEL_NS}.torch"].startswith("2.7.0")  # written from the probe of the image
+    assert labels[f"{contract.LABEL_NS}.cuda"] == "12.6" and labels[f"{contract.LABEL_NS}.python"].startswith("3.11")
+    descriptor = image.attrs.get("Descriptor") or {}
+    if modern.store == "containerd":  # the ID is the manifest's digest: one manifest (no attestation index)
+        assert descriptor.get("digest") == image.id
+        assert descriptor.get("mediaType") == "application/vnd.oci.image.manifest.v1+json", descriptor
+    else:
+        assert not descriptor or descriptor.get("digest") != image.id
+
+
+def test_selftest_and_two_rank_ddp(modern: Modern) -> None:
+    p = modern.build_py("test", "--only", CELL, "--json", timeout=1800)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert "ddp" in (p.stdout + p.stderr).lower()
+
+
+def _manifest(reg: LocalRegistry, tag: str) -> tuple[str, dict[str, Any]]:
+    r = requests.get(f"{reg.url}/v2/{NAMESPACE}/pt-multi-gpu/manifests/{tag}", headers={"Accept": ACCEPT},
+                     timeout=10)
+    r.raise_for_status()
+    return r.headers["Docker-Content-Digest"], r.json()
+
+
+def test_publish_verifies_the_stores_digest_and_a_rerun_is_unchanged(modern: Modern) -> None:
+    reg = LocalRegistry(modern.tmp / "registry").start()
+    try:
+        runs = []
+        for n in (1, 2):
+            out = modern.tmp / f"report-{n}"
+            p = modern.build_py("publish", "--only", CELL, "--registry", f"{reg.host}/{NAMESPACE}",
+                                "--report-dir", str(out), "--json", "--allow-stale-os", timeout=1800)
+            assert p.returncode == 0, p.stderr[-4000:]
+            runs.append(json.loads((out / "publish-report.json").read_text()))
+        image_id = modern.image().id
+        first = runs[0]["cells"][0]
+        assert {t["status"] for t in first["tags"]} == {"pushed"}, first["tags"]
+        digest, manifest = _manifest(reg, first["tags"][0]["tag"])
+        assert first["digest"] == digest
+        if modern.store == "containerd":
+            assert digest == image_id  # the containerd store's ID is the manifest digest
+        else:
+            assert manifest["config"]["digest"] == image_id  # the classic store's ID is the config digest
+        assert {t["status"] for t in runs[1]["cells"][0]["tags"]} == {"unchanged"}, runs[1]["cells"][0]["tags"]
+    finally:
+        reg.stop()
+
+
+def test_diff_sbom_and_audit(modern: Modern) -> None:
+    d = modern.build_py("diff", "--json", CELL, "debian:bookworm-slim", timeout=1200)
+    assert d.returncode == 0, d.stderr[-3000:]
+    facts = json.loads(d.stdout)
+    assert "torch" in json.dumps(facts)
+    s = modern.build_py("sbom", "--only", CELL, "--summary", timeout=600)
+    assert s.returncode == 0 and "torch" in s.stdout + s.stderr, (s.stdout + s.stderr)[-3000:]
+    a = modern.build_py("audit", "--only", CELL, "--section", "python", "--json", timeout=1200)
+    assert a.returncode in (0, 1), a.stderr[-3000:]  # 1: findings; either way a report, never a traceback
+    assert "Traceback" not in a.stderr and json.loads(a.stdout)
