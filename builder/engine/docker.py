@@ -27,6 +27,7 @@ import requests
 from builder.common.lazy import OnFirstUse
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.capabilities import CONTAINERD, Store, image_store
+from builder.engine.client import connect, env_file_has_values, quote_value
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
 from ptmg_contract import PROJECT_LABEL
 
@@ -179,7 +180,7 @@ class Engine:
     def relabel(self, image_id: str, labels: Mapping[str, str], ref: str) -> str:
         """A new image that is `image_id` plus labels (config only, no layer), tagged `ref`."""
         # One LABEL instruction, so one commit: the classic builder commits each (~10 s in the containerd store).
-        pairs = " ".join(f"{k}={_quote(v)}" for k, v in sorted(labels.items()))
+        pairs = " ".join(f"{k}={quote_value(v)}" for k, v in sorted(labels.items()))
         fileobj = io.BytesIO(f"FROM {image_id}\nLABEL {pairs}\n".encode())
         try:
             image, _logs = self.client.images.build(fileobj=fileobj, tag=ref, rm=True, pull=False)
@@ -211,7 +212,7 @@ class Engine:
 
     @_translated
     def _build_classic(self, req: BuildRequest, on_line: Callable[[str], None]) -> BuildOutcome:
-        if req.secrets.get("ca-bundle") or _has_values(req.secrets.get("build-env")):
+        if req.secrets.get("ca-bundle") or env_file_has_values(req.secrets.get("build-env")):
             # The classic builder can only pass settings as build args or files, and both
             # end up in the image history or a layer. Refuse rather than leak.
             return BuildOutcome(False, None, "classic",
@@ -382,27 +383,3 @@ class Engine:
                                       auth_config=dict(auth_config) if auth_config else None)
         for event in stream:
             on_event(event)
-
-
-def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _has_values(env_file: Path | None) -> bool:
-    if env_file is None or not env_file.exists():
-        return False
-    return any(line.startswith("export ") for line in env_file.read_text(encoding="utf-8").splitlines())
-
-
-def connect() -> Any:
-    """A client for the engine DOCKER_HOST names (or the local socket); EngineError with the fix."""
-    try:
-        client = docker.from_env(timeout=600)
-        client.ping()
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-        raise EngineError(
-            f"no Docker engine answers ({exc}).\n"
-            "  fix: run `scripts/ensure-docker.sh` (starts dockerd as root on Debian), "
-            "or start Docker and check DOCKER_HOST."
-        ) from None
-    return client

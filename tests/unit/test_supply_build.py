@@ -105,6 +105,7 @@ def test_without_buildkit_nothing_is_built_or_staged(spec: ImageSpec, tmp_path: 
     """The classic builder cannot bind-mount the locked wheels into the installing RUNs: refused."""
     staged = stub_prepare(monkeypatch)
     monkeypatch.setattr(orchestrate, "find_buildkit_cli", lambda: None)
+    monkeypatch.setattr(orchestrate, "missing_builder", lambda: None)  # no docker CLI at all: the classic builder
     write_lock(tmp_path / "lock-root", lock_for(spec))
     engine = FakeEngine(spec)
     r = _build(spec, tmp_path, engine)
