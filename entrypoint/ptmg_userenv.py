@@ -12,9 +12,11 @@ children only:
 
 - USER/LOGNAME become ``uid<N>`` when neither is set and the uid has no passwd entry;
 - HOME becomes a private directory ``ptmg-<uid>/home`` (mode 0700, owned by this uid, never
-  followed through a symlink) under the first writable of $TMPDIR, /tmp, /var/tmp, /dev/shm;
+  followed through a symlink) under the first writable of $TMPDIR, /tmp, /var/tmp, /dev/shm,
+  one whose filesystem allows exec first (compiled kernels are loaded from the caches);
   the XDG caches, Triton's, Inductor's, matplotlib's and Jupyter's state follow HOME;
-- TMPDIR becomes that private directory too when no usual temporary directory is writable.
+- TMPDIR becomes that private directory too when no usual temporary directory is writable;
+- TORCHINDUCTOR_CACHE_DIR goes under HOME when the temporary folder is noexec and HOME is not.
 
 It must never stop Python from starting: any error leaves the environment as it was.
 """
@@ -31,6 +33,14 @@ _USER_VARS = ("LOGNAME", "USER", "LNAME", "USERNAME")  # what getpass.getuser() 
 
 def writable_dir(path: str | None) -> bool:
     return path is not None and path != "" and os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def executable_fs(path: str) -> bool:
+    """Whether the filesystem of ``path`` lets programs and libraries run from it (no noexec)."""
+    try:
+        return not os.statvfs(path).f_flag & os.ST_NOEXEC
+    except OSError:
+        return False
 
 
 def private_dir(parent: str, uid: int) -> str | None:
@@ -63,9 +73,10 @@ def fix(environ: dict[str, str] | os._Environ[str], uid: int) -> dict[str, str]:
         except KeyError:
             changed["USER"] = changed["LOGNAME"] = f"uid{uid}"
     if not writable_dir(environ.get("HOME")):
-        for parent in (environ.get("TMPDIR"), *_TEMP_CANDIDATES):
-            if not parent or not writable_dir(parent):
-                continue
+        parents = [d for d in (environ.get("TMPDIR"), *_TEMP_CANDIDATES) if d and writable_dir(d)]
+        # Inductor, Triton and torch's JIT extensions load the code they compile from their caches:
+        # a folder that allows exec first (Docker's /dev/shm and --tmpfs mounts are noexec).
+        for parent in sorted(parents, key=lambda d: not executable_fs(d)):
             base = private_dir(parent, uid)
             if base is None:
                 continue
@@ -80,6 +91,14 @@ def fix(environ: dict[str, str] | os._Environ[str], uid: int) -> dict[str, str]:
                 changed["TMPDIR"] = base
             break
     environ.update(changed)
+    # Inductor keeps its compiled kernels under the temporary folder: on a noexec one (Docker's
+    # --tmpfs default) they cannot load, so they go under HOME when HOME's filesystem allows exec.
+    temp = next((d for d in (environ.get("TMPDIR"), *_TEMP_CANDIDATES[:2]) if d and writable_dir(d)), None)
+    home = environ.get("HOME")
+    if (temp and not executable_fs(temp) and not environ.get("TORCHINDUCTOR_CACHE_DIR")
+            and writable_dir(home) and executable_fs(str(home))):
+        changed["TORCHINDUCTOR_CACHE_DIR"] = environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+            str(home), ".cache", "torchinductor")
     return changed
 
 

@@ -44,11 +44,11 @@ def check_output(path: Path, fmt: str) -> Path:
     """The absolute output path, or InputError (exit 2) naming what is wrong with it."""
     if fmt not in FORMATS:
         raise InputError(f"export: --format must be one of {', '.join(FORMATS)}, not {fmt!r}")
-    if path.suffix != FORMATS[fmt]:
-        raise InputError(f"export: {path}: a {fmt} file must end in {FORMATS[fmt]}")
     out = path.expanduser().absolute()
     if out.is_dir():
         raise InputError(f"export: {out} is a directory; name the file (e.g. {out / ('image' + FORMATS[fmt])})")
+    if out.suffix != FORMATS[fmt]:
+        raise InputError(f"export: {out}: a {fmt} file must end in {FORMATS[fmt]}")
     if not out.parent.is_dir():
         raise InputError(f"export: {out.parent} does not exist; create it first")
     if not os.access(out.parent, os.W_OK | os.X_OK):

@@ -125,3 +125,8 @@ def test_missing_image_tool_or_disk_are_clear_errors(tmp_path: Path, fake_tools:
     monkeypatch.setattr(shutil, "disk_usage", lambda p: type("U", (), {"free": 10})())
     with pytest.raises(StepFailed, match="not enough disk"):
         squash.export(FakeEngine(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+
+
+def test_a_directory_is_named_as_such(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a directory; name the file"):
+        squash.check_output(tmp_path, "sqsh")

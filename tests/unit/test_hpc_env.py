@@ -196,3 +196,18 @@ def test_selftest_names_its_runtime(env: dict[str, str], files: set[str], rc: st
     got = where.runtime(env, exists=files.__contains__, read=lambda p: rc if p == "/etc/rc" else "")
     assert got.startswith(want)
     assert ("under Slurm job 12" in got) == ("SLURM_JOB_ID" in env)
+
+
+def test_a_home_that_allows_exec_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Docker's /dev/shm and --tmpfs mounts are noexec: kernels Inductor compiles there cannot load."""
+    noexec, execok = tmp_path / "noexec", tmp_path / "exec"
+    noexec.mkdir()
+    execok.mkdir()
+    monkeypatch.setattr(ptmg_userenv, "_TEMP_CANDIDATES", (str(noexec), str(execok)))
+    monkeypatch.setattr(ptmg_userenv, "executable_fs", lambda path: not str(path).startswith(str(noexec)))
+    env = {"USER": "u"}
+    changed = ptmg_userenv.fix(env, os.getuid())
+    assert changed["HOME"].startswith(str(execok))
+    # a noexec temporary folder with a usable HOME: Inductor's cache moves under HOME
+    env2 = {"USER": "u", "HOME": str(execok), "TMPDIR": str(noexec)}
+    assert ptmg_userenv.fix(env2, os.getuid()) == {"TORCHINDUCTOR_CACHE_DIR": f"{execok}/.cache/torchinductor"}
