@@ -94,11 +94,11 @@ def fix(environ: dict[str, str] | os._Environ[str], uid: int) -> dict[str, str]:
     # Inductor keeps its compiled kernels under the temporary folder: on a noexec one (Docker's
     # --tmpfs default) they cannot load, so they go under HOME when HOME's filesystem allows exec.
     temp = next((d for d in (environ.get("TMPDIR"), *_TEMP_CANDIDATES[:2]) if d and writable_dir(d)), None)
-    home = environ.get("HOME")
+    user_home = environ.get("HOME")
     if (temp and not executable_fs(temp) and not environ.get("TORCHINDUCTOR_CACHE_DIR")
-            and writable_dir(home) and executable_fs(str(home))):
+            and writable_dir(user_home) and executable_fs(str(user_home))):
         changed["TORCHINDUCTOR_CACHE_DIR"] = environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-            str(home), ".cache", "torchinductor")
+            str(user_home), ".cache", "torchinductor")
     return changed
 
 
