@@ -6,6 +6,7 @@ import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.common.errors import InputError
 from builder.common.paths import project_root
 from builder.engine import Engine
 from builder.render.dockerfile import docker_dir
@@ -31,6 +32,19 @@ class Context:
     def is_default(self) -> bool:
         """True for the project's own images.yaml (whose Dockerfiles live in docker/)."""
         return self.docker_dir == docker_dir()
+
+    def one_image(self, verb: str, target: str | None) -> tuple[str, str]:
+        """(image reference, a name for files) of the one cell or image a verb works on: ``target``
+        (a cell of the matrix, else an image reference), or the one cell --only selects."""
+        if target is None:
+            if len(self.cells) != 1:
+                raise InputError(f"{verb}: name one cell or image (CELL|IMAGE), or select exactly one with --only; "
+                                 f"{len(self.cells)} selected")
+            return self.cells[0].ref, self.cells[0].name
+        cells = {c.name: c for c in self.matrix.cells}
+        if target in cells:
+            return cells[target].ref, target
+        return target, target.replace("/", "_").replace(":", "-")
 
     def engine(self) -> Engine:
         """The run's engine, made on first use (EngineError, exit 1, when none answers)."""

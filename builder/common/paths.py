@@ -9,6 +9,7 @@ the first folder at or above the working directory that looks like a project.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -51,3 +52,12 @@ def project_root() -> Path:
 def template_dir(stage: str) -> Path:
     """``template_dir("render")`` -> the folder of that stage's templates (package data)."""
     return PACKAGE_DIR / stage / "templates"
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB chunks (wheels, exported images)."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()

@@ -9,7 +9,6 @@ renamed to its final name. The temporary folder goes whatever happens.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.common.errors import InputError, StepFailed
+from builder.common.paths import sha256_file
 from builder.engine import Engine
 from builder.export import runtime_files
 
@@ -72,14 +72,6 @@ def check_space(where: Path, image_size: int, fmt: str) -> None:
         raise StepFailed(f"export: not enough disk in {where}: {free / 1e9:.1f} GB free, about {need / 1e9:.1f} GB "
                          f"needed for a {image_size / 1e9:.1f} GB image (unpacked root plus the {fmt} file); "
                          "free some space or use -o on another filesystem")
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _run(cmd: list[str], what: str, timeout: float = 3600) -> None:
@@ -167,7 +159,7 @@ def export(engine: Engine, ref: str, fmt: str, out: Path, *, processors: int | N
             squash.unlink()
             result = sif
         result.chmod(0o644)
-        digest = sha256_of(result)
+        digest = sha256_file(result)
         size = result.stat().st_size
         os.replace(result, out)
     finally:

@@ -37,7 +37,7 @@ from pathlib import Path
 from builder.common import flock
 from builder.common.errors import StepFailed
 from builder.common.log import log
-from builder.common.paths import cache_dir
+from builder.common.paths import cache_dir, sha256_file
 from builder.lock.model import Wheel
 from builder.lock.net import Http, NetConfig, redact
 from builder.render.dockerfile import SOURCE_DATE_EPOCH
@@ -53,14 +53,6 @@ def default_store() -> Path:
     if given:
         return Path(given).expanduser()
     return cache_dir() / "wheels"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class HashMismatch(StepFailed):

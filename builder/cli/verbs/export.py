@@ -9,7 +9,6 @@ from pathlib import Path
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
-from builder.common.errors import InputError
 from builder.common.log import log, table
 from builder.export import squash
 
@@ -23,22 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the file to write (default: exports/<cell>.<format>)")
 
 
-def _target(ctx: Context) -> tuple[str, str]:
-    """(image reference, name for the default file)."""
-    cells = {c.name: c for c in ctx.matrix.cells}
-    name = ctx.args.target
-    if name is None:
-        if len(ctx.cells) != 1:
-            raise InputError(f"export: name one cell or image (CELL|IMAGE), or select exactly one with --only; "
-                             f"{len(ctx.cells)} selected")
-        return ctx.cells[0].ref, ctx.cells[0].name
-    if name in cells:
-        return cells[name].ref, name
-    return name, name.replace("/", "_").replace(":", "-")
-
-
 def run(ctx: Context) -> int:
-    ref, stem = _target(ctx)
+    ref, stem = ctx.one_image("export", ctx.args.target)
     fmt = ctx.args.fmt
     default = ctx.root / "exports" / f"{stem}{squash.FORMATS[fmt]}"
     if ctx.args.output is None:

@@ -10,7 +10,7 @@ import ptmg_contract as contract
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
-from builder.common.errors import InputError, StepFailed
+from builder.common.errors import StepFailed
 from builder.common.log import log, table
 
 
@@ -21,19 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--summary", action="store_true", help="print what it lists (counts, the image's facts) instead")
 
 
-def _ref(ctx: Context) -> str:
-    cells = {c.name: c for c in ctx.matrix.cells}
-    name = ctx.args.target
-    if name is None:
-        if len(ctx.cells) != 1:
-            raise InputError(f"sbom: name one cell or image (CELL|IMAGE), or select exactly one with --only; "
-                             f"{len(ctx.cells)} selected")
-        return ctx.cells[0].ref
-    return cells[name].ref if name in cells else name
-
-
 def run(ctx: Context) -> int:
-    ref = _ref(ctx)
+    ref, _ = ctx.one_image("sbom", ctx.args.target)
     engine = ctx.engine()
     if not engine.image_exists(ref):
         raise StepFailed(f"no image {ref} here; build it first (`build.py build --only ...`)")
