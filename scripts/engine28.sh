@@ -144,7 +144,7 @@ JSON
 
 stop() {
     need_root
-    local pid
+    local pid t0=$SECONDS
     pid=$(cat "$RUN/dockerd.pid" 2>/dev/null || true)
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
         if answers; then  # containers first, so their mounts are gone before the data-root is
@@ -156,7 +156,9 @@ stop() {
     fi
     # Anything still mounted under the data-root or exec-root (a killed daemon's leftovers).
     grep -E " ($DATA|$RUN)/" /proc/mounts | awk '{print $2}' | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
+    local t1=$SECONDS
     rm -rf "$DATA" "$RUN"
+    [ -z "$pid" ] || say "stopped: daemon $((t1 - t0)) s, data-root deleted in $((SECONDS - t1)) s"
     rules del
     ip link show "$BRIDGE" >/dev/null 2>&1 && ip link del "$BRIDGE"
     return 0

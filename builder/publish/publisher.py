@@ -207,7 +207,7 @@ class Publisher:
             self.engine.untag(ref)
         if tracker.error:
             return push_fault(self._r(tracker.error))
-        if not tracker.digest:
+        if not tracker.settle(self.store, cell.image_id):
             return Fault("engine", "the push ended without reporting a digest", False)
         return None
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.engine.capabilities import CLASSIC, names_image
+from builder.engine.capabilities import CLASSIC, CONTAINERD, names_image
 from builder.publish.client import Remote
 
 
@@ -33,6 +33,10 @@ class PushTracker:
         if isinstance(aux, dict) and aux.get("Digest"):
             self.digest = str(aux["Digest"])
             self.size = int(aux.get("Size") or 0) or None
+        elif isinstance(aux, dict) and aux.get("ManifestPushedInsteadOfIndex"):
+            selected = aux.get("SelectedManifest")  # the containerd store sent one manifest, not the index
+            if isinstance(selected, dict) and selected.get("digest"):
+                self.digest = str(selected["digest"])
         status = str(ev.get("status") or "")
         lid = ev.get("id")
         if not lid:
@@ -50,6 +54,15 @@ class PushTracker:
             if isinstance(detail, dict) and int(detail.get("current") or 0) > 0:
                 self.progressed = True
         self.last[lid] = status
+
+    def settle(self, store: str, image_id: str) -> str | None:
+        """The digest this push sent, once the stream has ended. The classic store reports it (aux
+        Digest); Docker 28's containerd store reports none on success: it pushes the image's own
+        target, whose digest is the local image ID (:func:`names_image`), so that is what was sent
+        (publish then reads the tag back and checks the registry serves it). None: nobody can tell."""
+        if self.digest is None and not self.error and store == CONTAINERD and image_id.startswith("sha256:"):
+            self.digest = image_id
+        return self.digest
 
 
 # --- decisions (pure) -------------------------------------------------------------------

@@ -552,7 +552,11 @@ class ContainerdStoreEngine(FakeEngine):
         attrs = next(a for a in self.images.values() if a["Id"] == self.tagged[ref])
         tag = ref.rpartition(":")[2]
         self.registry.tags[tag] = (attrs["Id"], attrs["config"])
-        on_event({"aux": {"Tag": tag, "Digest": attrs["Id"], "Size": 900}})
+        # Docker 28.5.2's containerd store ends a successful push with no aux Digest (seen on the real
+        # engine: tests/docker/test_modern_engine.py), only the layers' progress.
+        on_event({"status": "Pushed", "id": "l1", "progressDetail": {}})
+        if self.STORE == capabilities.CLASSIC:  # a classic engine reports what it pushed
+            on_event({"aux": {"Tag": tag, "Digest": attrs["Id"], "Size": 900}})
 
 
 def test_containerd_store_verifies_the_manifest_digest_and_a_rerun_is_unchanged(matrix: Matrix) -> None:
@@ -908,3 +912,21 @@ def test_publish_verb_refuses_an_unknown_image_store_in_one_line(
     assert rc == 2 and "Traceback" not in err
     assert "neither Docker's classic store nor the containerd image store" in err and "containerd-snapshotter" in err
     assert not [c for c in engine.calls if c[0] == "push"]
+
+
+def test_a_push_that_reports_no_digest_is_settled_only_by_the_containerd_store() -> None:
+    """Docker 28's containerd store ends a push with no aux Digest: what it sent is its image's own
+    target (the image ID). The classic store always reports one, so there silence stays a fault;
+    an index it could not push whole names the manifest it sent instead."""
+    image_id = manifest_digest(IMG_A)
+    silent = push.PushTracker()
+    silent.feed({"status": "Pushed", "id": "l1", "progressDetail": {}})
+    assert silent.settle(capabilities.CLASSIC, image_id) is None
+    assert silent.settle(capabilities.CONTAINERD, image_id) == image_id
+    failed = push.PushTracker()
+    failed.feed({"errorDetail": {"message": "denied"}, "error": "denied"})
+    assert failed.settle(capabilities.CONTAINERD, image_id) is None
+    one = push.PushTracker()
+    one.feed({"aux": {"ManifestPushedInsteadOfIndex": True, "OriginalIndex": {"digest": image_id},
+                      "SelectedManifest": {"digest": "sha256:" + "5" * 64}}})
+    assert one.settle(capabilities.CONTAINERD, image_id) == "sha256:" + "5" * 64
