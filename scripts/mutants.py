@@ -74,6 +74,7 @@ class Tally:
     survived: list[Mutant] = field(default_factory=list)
     accepted: list[Mutant] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # the mutation could not be made or tested
+    seconds: float = 0.0  # the mutant runs' time, added up
 
     def score(self) -> str:
         tested = self.killed + len(self.survived) + len(self.accepted)
@@ -110,8 +111,11 @@ def scratch_copy(into: Path) -> None:
 
 
 def pytest_argv(tests: list[str] | tuple[str, ...], *extra: str) -> list[str]:
-    return [PY, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
-            "--strict-markers", *extra, *tests]
+    """One unit test run, as lean as it gets: no plugins loaded from entry points (the unit tier
+    needs none; PYTEST_DISABLE_PLUGIN_AUTOLOAD, set by main(), saves a third of a small run), no
+    cache written, stop at the first failure."""
+    return [PY, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--strict-markers",
+            *extra, *tests]
 
 
 def baseline(scratch: Path, tests: list[str]) -> dict[str, float]:
@@ -136,6 +140,10 @@ def baseline(scratch: Path, tests: list[str]) -> dict[str, float]:
     return times
 
 
+def session_path(logs: Path, t: plan.Target) -> Path:
+    return logs / (t.path.replace("/", "__").removesuffix(".py") + ".sqlite")
+
+
 def plan_jobs(targets: list[plan.Target], logs: Path, stack: Any) -> tuple[dict[str, Tally], list[tuple[Tally, Any]]]:
     """A cosmic-ray session per module (build-logs/mutants/<module>.sqlite): every mutant, the ones
     that cannot change behaviour marked skipped with the reason, the rest to run."""
@@ -150,7 +158,7 @@ def plan_jobs(targets: list[plan.Target], logs: Path, stack: Any) -> tuple[dict[
     os.chdir(ROOT)  # the sessions name modules by their path in the tree
     try:
         for t in targets:
-            session = logs / (t.path.replace("/", "__").removesuffix(".py") + ".sqlite")
+            session = session_path(logs, t)
             session.unlink(missing_ok=True)
             db = stack.enter_context(use_db(str(session), WorkDB.Mode.create))
             init([Path(t.path)], db, {})
@@ -169,64 +177,108 @@ def plan_jobs(targets: list[plan.Target], logs: Path, stack: Any) -> tuple[dict[
     return tallies, jobs
 
 
-def run_jobs(jobs: list[tuple[Tally, Any]], scratches: list[Path], timeouts: dict[str, float],
-             accepted: list[plan.Accepted]) -> None:
+class Judge:
+    """Files each mutant's result in its module's tally: killed, survived, accepted (docs/testing.md),
+    or an error (the mutation could not be made or tested)."""
+
+    def __init__(self, accepted: list[plan.Accepted]) -> None:
+        self.ok = {(a.path, a.function, a.before, a.after) for a in accepted}
+        self.ok_line = {(a.path, a.function, a.before) for a in accepted if a.after == "*"}  # any mutant of it
+        self.survivors = 0
+
+    def record(self, tally: Tally, item: Any, result: Any) -> None:
+        from cosmic_ray.work_item import TestOutcome, WorkerOutcome
+
+        m = item.mutations[0]
+        mutant = Mutant(str(m.module_path), m.start_pos[0], tally.where.function_at(tuple(m.start_pos)),
+                        m.operator_name.removeprefix("core/"), *plan.diff_lines(result.diff or ""))
+        if result.worker_outcome != WorkerOutcome.NORMAL or result.test_outcome == TestOutcome.INCOMPETENT:
+            tally.errors.append(f"{mutant.path}:{mutant.line}: {mutant.function}: {mutant.operator}: "
+                                f"{result.worker_outcome}: {(result.output or '')[-500:]}")
+        elif result.test_outcome == TestOutcome.SURVIVED:
+            fine = (mutant.path, mutant.function, mutant.before, mutant.after) in self.ok or \
+                (mutant.path, mutant.function, mutant.before) in self.ok_line
+            (tally.accepted if fine else tally.survived).append(mutant)
+            self.survivors += not fine
+        else:
+            tally.killed += 1
+            tally.timeouts += result.output == "timeout"
+
+
+def run_jobs(jobs: list[tuple[Tally, Any]], scratches: list[Path], timeouts: dict[str, float], judge: Judge) -> None:
     from attrs import evolve
     from cosmic_ray.mutating import mutate_and_test
-    from cosmic_ray.work_item import TestOutcome, WorkerOutcome
 
     free: queue.Queue[Path] = queue.Queue()
     for s in scratches:
         free.put(s)
-    ok = {(a.path, a.function, a.before, a.after) for a in accepted}
 
-    def one(tally: Tally, item: Any) -> Any:
+    def one(tally: Tally, item: Any) -> tuple[Any, float]:
         scratch = free.get()
+        began = time.monotonic()
         try:
             mutations = [evolve(m, module_path=scratch / m.module_path) for m in item.mutations]
             command = ["env", "-C", str(scratch), *pytest_argv(tally.target.tests)]
-            return mutate_and_test(mutations, shlex.join(command), timeouts[tally.target.path])
+            return mutate_and_test(mutations, shlex.join(command), timeouts[tally.target.path]), \
+                time.monotonic() - began
         finally:
             free.put(scratch)
 
-    started, last, survivors = time.monotonic(), 0.0, 0
+    started, last = time.monotonic(), 0.0
     with ThreadPoolExecutor(max_workers=len(scratches)) as pool:
         futures: list[tuple[Tally, Any, Future[Any]]] = [(t, i, pool.submit(one, t, i)) for t, i in jobs]
         for n, (tally, item, fut) in enumerate(futures, 1):
-            result = fut.result()
+            result, seconds = fut.result()
+            tally.seconds += seconds
             tally.db.set_result(item.job_id, result)
-            m = item.mutations[0]
-            mutant = Mutant(str(m.module_path), m.start_pos[0], tally.where.function_at(tuple(m.start_pos)),
-                            m.operator_name.removeprefix("core/"), *plan.diff_lines(result.diff or ""))
-            if result.worker_outcome != WorkerOutcome.NORMAL or result.test_outcome == TestOutcome.INCOMPETENT:
-                tally.errors.append(f"{mutant.path}:{mutant.line}: {mutant.function}: {mutant.operator}: "
-                                    f"{result.worker_outcome}: {(result.output or '')[-500:]}")
-            elif result.test_outcome == TestOutcome.SURVIVED:
-                key = (mutant.path, mutant.function, mutant.before, mutant.after)
-                (tally.accepted if key in ok else tally.survived).append(mutant)
-                survivors += key not in ok
-            else:
-                tally.killed += 1
-                tally.timeouts += result.output == "timeout"
+            judge.record(tally, item, result)
             if time.monotonic() - last > 60 or n == len(futures):
                 last = time.monotonic()
-                print(f"mutants: {n}/{len(futures)} run, {survivors} survived so far, {last - started:.0f} s",
+                print(f"mutants: {n}/{len(futures)} run, {judge.survivors} survived so far, {last - started:.0f} s",
                       file=sys.stderr, flush=True)
+
+
+def reuse(targets: list[plan.Target], logs: Path, stack: Any, judge: Judge) -> dict[str, Tally]:
+    """The tallies of the sessions a previous run left in `logs`, judged again (after the accepted
+    list changed): nothing is run."""
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import WorkerOutcome
+
+    tallies: dict[str, Tally] = {}
+    for t in targets:
+        session = session_path(logs, t)
+        if not session.is_file():
+            raise Refused(f"{session}: no session of {t.path} to reuse; run without --reuse")
+        db = stack.enter_context(use_db(str(session), WorkDB.Mode.open))
+        tally = tallies[t.path] = Tally(t, plan.ModuleMap((ROOT / t.path).read_text(encoding="utf-8")), db)
+        for item, result in db.completed_work_items:
+            tally.total += 1
+            if result.worker_outcome == WorkerOutcome.SKIPPED:
+                tally.skipped += 1
+            else:
+                judge.record(tally, item, result)
+        if db.pending_work_items:
+            raise Refused(f"{session}: {len(db.pending_work_items)} mutants never ran (an interrupted run); "
+                          "run without --reuse")
+    return tallies
 
 
 def report(tallies: dict[str, Tally], accepted: list[plan.Accepted], full: bool, seconds: float, jobs: int) -> str:
     from importlib.metadata import version
+    how = "the last run's sessions judged again (--reuse)" if jobs == 0 else \
+        f"{jobs} jobs, {os.cpu_count()} cores, {seconds / 60:.1f} min"
     out = [f"mutants: cosmic-ray {version('cosmic-ray')}, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, "
-           f"{jobs} jobs, {os.cpu_count()} cores, {seconds / 60:.1f} min", "",
+           f"{how}", "",
            f"{'module':34} {'mutants':>7} {'run':>5} {'killed':>6} {'timeout':>7} {'survived':>8} {'accepted':>8} "
-           f"{'error':>5} {'score':>6}"]
+           f"{'error':>5} {'score':>6} {'time':>6}"]
     for p, t in tallies.items():
         run = t.total - t.skipped
         out.append(f"{p:34} {t.total:7} {run:5} {t.killed:6} {t.timeouts:7} {len(t.survived):8} {len(t.accepted):8} "
-                   f"{len(t.errors):5} {t.score():>6}")
-    out.append("(score: killed / (killed + survived + accepted); timeouts count as killed; the mutants not run "
-               "are in a type annotation or a log message, outside the module's listed functions, or of an "
-               "operator pair not kept: scripts/mutants_plan.py)")
+                   f"{len(t.errors):5} {t.score():>6} {t.seconds / 60:5.1f}m")
+    out.append("(score: killed / (killed + survived + accepted); timeouts count as killed; time: the module's "
+               "mutant runs added up, over all jobs; the mutants not run are in a type annotation or a log "
+               "message, outside the module's listed functions, or of an operator pair not kept: "
+               "scripts/mutants_plan.py)")
     for title, pick in (("SURVIVED (not accepted in docs/testing.md)", "survived"), ("ERRORS", "errors"),
                         ("accepted", "accepted")):
         entries = [e for t in tallies.values() for e in getattr(t, pick)]
@@ -234,6 +286,7 @@ def report(tallies: dict[str, Tally], accepted: list[plan.Accepted], full: bool,
             out += ["", f"{title}: {len(entries)}", *(f"  {e}" for e in entries)]
     if full:
         seen = {(m.path, m.function, m.before, m.after) for t in tallies.values() for m in t.accepted}
+        seen |= {(p, f, b, "*") for p, f, b, _ in seen}
         stale = [a for a in accepted if (a.path, a.function, a.before, a.after) not in seen]
         if stale:
             out += ["", f"accepted in {plan.DOC} but no longer surviving (remove them): {len(stale)}",
@@ -248,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", metavar="TEXT", help="only the modules whose path contains TEXT")
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in its own scratch copy (2)")
     p.add_argument("--report", type=Path, default=ROOT / "build-logs" / "mutants.txt")
+    p.add_argument("--reuse", action="store_true",
+                   help="run nothing: judge the sessions of the last run again (after editing the accepted list)")
     a = p.parse_args(argv)
     started = time.monotonic()
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # for the baseline and every mutant run
     try:
         if a.jobs < 1:
             raise Refused(f"--jobs {a.jobs}: needs at least 1")
@@ -274,7 +330,11 @@ def main(argv: list[str] | None = None) -> int:
 def run(a: argparse.Namespace, targets: list[plan.Target], accepted: list[plan.Accepted], started: float) -> int:
     from contextlib import ExitStack
     tests = sorted({f for t in targets for f in t.tests})
+    judge = Judge(accepted)
     with tempfile.TemporaryDirectory(prefix="ptmg-mutants-") as tmp, ExitStack() as stack:
+        if a.reuse:
+            tallies = reuse(targets, a.report.parent / "mutants", stack, judge)
+            return finish(a, tallies, accepted, started)
         scratches = [Path(tmp) / f"copy-{i}" for i in range(a.jobs)]
         for s in scratches:
             scratch_copy(s)
@@ -289,8 +349,13 @@ def run(a: argparse.Namespace, targets: list[plan.Target], accepted: list[plan.A
         tallies, jobs = plan_jobs(targets, a.report.parent / "mutants", stack)
         print(f"mutants: {len(jobs)} mutants to run ({sum(t.skipped for t in tallies.values())} not run: "
               "see the report)", file=sys.stderr, flush=True)
-        run_jobs(jobs, scratches, timeouts, accepted)
-    text = report(tallies, accepted, a.scope == "all" and a.only is None, time.monotonic() - started, a.jobs)
+        run_jobs(jobs, scratches, timeouts, judge)
+        return finish(a, tallies, accepted, started)
+
+
+def finish(a: argparse.Namespace, tallies: dict[str, Tally], accepted: list[plan.Accepted], started: float) -> int:
+    text = report(tallies, accepted, a.scope == "all" and a.only is None, time.monotonic() - started,
+                  0 if a.reuse else a.jobs)
     a.report.parent.mkdir(parents=True, exist_ok=True)
     tmp_report = a.report.with_name(a.report.name + ".tmp")
     tmp_report.write_text(text, encoding="utf-8")

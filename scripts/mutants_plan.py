@@ -107,6 +107,8 @@ class ModuleMap:
         self._lines = source.splitlines()
         self.functions: list[tuple[str, Span]] = []
         self.inert: list[tuple[str, Span]] = []
+        self.signatures: list[Span] = []  # `def f(...)` up to the body: only defaults there do anything
+        self.defaults: list[Span] = []
         self._walk(ast.parse(source), "")
 
     def _span(self, node: ast.AST) -> Span:
@@ -129,6 +131,8 @@ class ModuleMap:
                 name += "."
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 args = child.args
+                self.signatures.append(Span(self._span(child).start, self._span(child.body[0]).start))
+                self.defaults += [self._span(d) for d in (*args.defaults, *args.kw_defaults) if d is not None]
                 for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg):
                     if a is not None and a.annotation is not None:
                         self.inert.append(("a type annotation", self._span(a.annotation)))
@@ -155,7 +159,10 @@ class ModuleMap:
         return found
 
     def inert_at(self, pos: tuple[int, int]) -> str | None:
-        return next((why for why, span in self.inert if span.holds(pos)), None)
+        why = next((why for why, span in self.inert if span.holds(pos)), None)
+        if why is None and any(s.holds(pos) for s in self.signatures) and not any(d.holds(pos) for d in self.defaults):
+            why = "a parameter list's * or /"  # cosmic-ray reads the bare `*` there as a multiplication
+        return why
 
 
 def _is_log_call(func: ast.expr) -> bool:
@@ -196,8 +203,9 @@ class Accepted:
 
         - `path::function` `` line before `` -> `` line after ``: why
 
-    (the arrow may be `->` or `→`). Keyed by the mutated line's text, not its number, so an
-    edit elsewhere in the file keeps it, and a change of the line itself asks for a new look."""
+    (the arrow may be `->` or `→`; an `after` of `*` accepts every mutant of that line). Keyed by
+    the mutated line's text, not its number, so an edit elsewhere in the file keeps it, and a
+    change of the line itself asks for a new look."""
 
     path: str
     function: str

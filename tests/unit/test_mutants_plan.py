@@ -74,6 +74,9 @@ def outer(x):
     def inner(y):
         return y - 1
     return inner(x) + 1
+
+def keywords(a, *, b=2 * 3):
+    return a
 '''
 
 
@@ -93,6 +96,8 @@ def test_the_filters_skip_annotations_log_messages_and_frozen_flags_only() -> No
     assert where.inert_at((10, 31)) is None  # `is not`
     assert where.inert_at((10, 49)) is None  # `<`
     assert where.inert_at((15, 20)) is None  # `+`
+    assert where.inert_at((17, 16)) == "a parameter list's * or /"  # the bare `*`
+    assert where.inert_at((17, 23)) is None  # `2 * 3`, a default
 
 
 def test_a_target_mutates_only_its_functions_and_the_kept_operators() -> None:
