@@ -140,6 +140,17 @@ def test_clamp_nproc() -> None:
         ddp_plan.clamp_nproc(0, 0, "gloo")
 
 
+def test_clamp_nproc_at_its_boundaries() -> None:
+    assert ddp_plan.clamp_nproc(2, 2, "nccl") == (2, "")  # one rank per GPU: nothing to clamp
+    assert ddp_plan.clamp_nproc(0, 2, "nccl") == (1, "")  # never no rank at all
+    assert ddp_plan.clamp_nproc(1, 0, "gloo") == (1, "")
+
+
+@pytest.mark.parametrize(("nproc", "multi"), [(1, False), (2, True), (3, True)])
+def test_a_plan_is_multi_rank_from_two_ranks_on(nproc: int, multi: bool) -> None:
+    assert ddp_plan.RankPlan(nproc, "gloo", "cpu", "").multi_rank is multi
+
+
 @pytest.mark.parametrize(("n", "bus"), [(1, 0.0), (2, 1e9), (4, 1.5e9), (8, 1.75e9)])
 def test_bus_bandwidth_as_nccl_tests(n: int, bus: float) -> None:
     alg, got = ddp_bench.bus_bandwidth(10**9, 1.0, n)
@@ -161,6 +172,9 @@ def test_loss_decreased() -> None:
     assert not ddp_plan.loss_decreased([1.0] * 10 + [float("nan")] * 5)
     assert not ddp_plan.loss_decreased([2.0, 1.0])                   # too short to tell
     assert not ddp_plan.loss_decreased([1.0] * 5 + [2.0] * 5)        # rising
+    assert not ddp_plan.loss_decreased([10.0] * 5 + [1.0] * 4)        # one short of two windows
+    assert ddp_plan.loss_decreased([10.0] * 5 + [9.0] * 5 + [1.0] * 5)  # the last window, not all after the first
+    assert not ddp_plan.loss_decreased([10.0] * 5 + [7.0] * 5)        # exactly 0.7x is not below it
 
 
 def test_find_result_takes_the_last_valid_line() -> None:
@@ -172,6 +186,14 @@ def test_find_result_takes_the_last_valid_line() -> None:
     ])
     assert ddp_plan.find_result(log) == {"world_size": 4}
     assert ddp_plan.find_result("nothing here") is None
+
+
+def test_find_result_reads_only_after_its_marker() -> None:
+    marker = ddp_plan.RESULT_MARKER
+    assert ddp_plan.find_result(marker + '{"world_size": 2}') == {"world_size": 2}  # the marker at column 0
+    # JSON where the text after a marker would start, but no marker: not a result.
+    assert ddp_plan.find_result(" " * (len(marker) - 1) + '{"world_size": 8}') is None
+    assert ddp_plan.find_result(f"{marker}{{broken\n{marker}{{\"world_size\": 3}}") == {"world_size": 3}
 
 
 @pytest.mark.parametrize(("progress", "world", "late"), [

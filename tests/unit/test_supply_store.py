@@ -64,7 +64,8 @@ def server() -> Iterator[str]:
     Files.files = {SIX_NAME: SIX}
     Files.auth_seen = []
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for it, and the default (0.5 s) was most of this file's time.
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
