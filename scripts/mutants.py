@@ -25,6 +25,7 @@ import os
 import queue
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -306,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     started = time.monotonic()
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # for the baseline and every mutant run
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))  # unwinds: the scratch copies go too
     try:
         if a.jobs < 1:
             raise Refused(f"--jobs {a.jobs}: needs at least 1")
