@@ -94,7 +94,10 @@ def select(scope: str, base: str, only: str | None) -> list[plan.Target]:
     if only is not None and not targets:
         raise Refused(f"--only {only}: no module of the plan matches (scripts/mutants_plan.py)")
     if scope == "changed":
-        git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
+        try:
+            git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
+        except Refused:
+            raise Refused(f"--base {base}: no such branch or commit here") from None
         changed = set(git("diff", "--name-only", f"{base}...HEAD").split())
         changed |= set(git("diff", "--name-only", "HEAD").split())
         changed |= set(git("ls-files", "--others", "--exclude-standard").split())

@@ -82,10 +82,14 @@ def test_an_advisory_counts_once_and_only_for_its_pypi_package(tmp_path: Path) -
     (tmp_path / "0-broken.json").write_text("{not json")
     (tmp_path / "GHSA-twice.json").write_text(json.dumps(_advisory("GHSA-twice", _pypi("six"), _pypi("six"))))
     (tmp_path / "GHSA-npm.json").write_text(json.dumps(_advisory("GHSA-npm", _pypi("six", "npm"), _pypi("idna"))))
-    got = OsvDir(tmp_path).query([("six", "1.0"), ("idna", "1.0"), ("six", "2.0")])
+    fixed_long_ago = {"package": {"ecosystem": "PyPI", "name": "urllib3"},
+                      "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5"}]}]}
+    (tmp_path / "GHSA-npm2.json").write_text(json.dumps(_advisory("GHSA-npm2", fixed_long_ago, _pypi("urllib3", "npm"))))
+    got = OsvDir(tmp_path).query([("six", "1.0"), ("idna", "1.0"), ("six", "2.0"), ("urllib3", "1.0")])
     assert [a.id for a in got[("six", "1.0")] or []] == ["GHSA-twice"]
     assert [a.id for a in got[("idna", "1.0")] or []] == ["GHSA-npm"]
     assert got[("six", "2.0")] == []
+    assert got[("urllib3", "1.0")] == [], "npm's urllib3 range is not PyPI's"
 
 
 def test_an_advisory_summary_is_one_line_of_at_most_200_characters() -> None:

@@ -232,14 +232,14 @@ SETTINGS = Settings(mode="services", argv=(), jupyter=True, jupyter_port=8888, s
 
 
 class _Remap:
-    """pt is uid/gid 1000 with its home in tmp_path; records the commands run and the walks."""
+    """pt is uid 1000, gid 1001, with its home in tmp_path; records the commands run and the walks."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, home: str) -> None:
         self.home = home
         self.mounts: set[str] = set()
         self.runs: list[list[str]] = []
         self.walks: list[tuple[str, tuple[int, int], tuple[int, int], bool]] = []
-        pw = pwd.struct_passwd((contract.USER, "x", 1000, 1000, "", home, "/bin/bash"))
+        pw = pwd.struct_passwd((contract.USER, "x", 1000, 1001, "", home, "/bin/bash"))
         monkeypatch.setattr(pwd, "getpwnam", lambda name: pw if name == contract.USER else None)
         monkeypatch.setattr(rootstart, "_run", self.runs.append)
         monkeypatch.setattr(rootstart, "_mount_points", lambda: self.mounts)
@@ -258,12 +258,12 @@ def remap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Remap:
 
 def test_remap_of_the_uid_keeps_the_group(remap: _Remap, capsys: pytest.CaptureFixture[str]) -> None:
     rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=2000))
-    assert remap.runs == [[rootstart.USERMOD, "-o", "-u", "2000", "-g", "1000", contract.USER]]
-    old, new = (1000, 1000), (2000, 1000)
+    assert remap.runs == [[rootstart.USERMOD, "-o", "-u", "2000", "-g", "1001", contract.USER]]
+    old, new = (1000, 1001), (2000, 1001)
     assert remap.walks == [(remap.home, old, new, False), (contract.WORKDIR, old, new, False),
                            *((d, old, new, True) for d in contract.PT_STATE_DIRS)]
     walked = 2 * (2 + len(contract.PT_STATE_DIRS))
-    assert f"remapped to uid 2000 gid 1000 (from PT_UID/PT_GID; {walked} entries re-owned" in capsys.readouterr().err
+    assert f"remapped to uid 2000 gid 1001 (from PT_UID/PT_GID; {walked} entries re-owned" in capsys.readouterr().err
 
 
 def test_remap_of_the_group_moves_the_group_first(remap: _Remap) -> None:
@@ -275,7 +275,7 @@ def test_remap_of_the_group_moves_the_group_first(remap: _Remap) -> None:
 
 def test_remap_to_the_same_ids_changes_nothing(remap: _Remap) -> None:
     rootstart.remap(SETTINGS)
-    rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=1000, pt_gid=1000))
+    rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=1000, pt_gid=1001))
     assert remap.runs == [] and remap.walks == []
 
 

@@ -377,3 +377,28 @@ def test_root_may_give_sshd_a_low_port(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     env = {"SSH_AUTHORIZED_KEYS": ED25519}
     assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]
+
+
+@pytest.mark.parametrize(("tensorboard", "proxied"), [("on", True), ("port", True), ("off", False)])
+def test_jupyter_proxies_tensorboard_only_when_it_runs(tmp_path: Path, jupyter_env: dict[str, str], tensorboard: str,
+                                                       proxied: bool) -> None:
+    env = {**jupyter_env, "TENSORBOARD": tensorboard}
+    spec = services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+    assert spec is not None
+    assert spec.env.get("PTMG_TENSORBOARD_PROXY_PORT") == ("6006" if proxied else None)
+
+
+def test_a_host_key_that_cannot_be_made_stops_sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(services, "SSH_KEYGEN", "/bin/false")
+    with pytest.raises(subprocess.CalledProcessError):
+        services.ensure_host_keys(str(tmp_path / "keys"))
+
+
+def test_sshd_stays_off_for_a_uid_without_a_passwd_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")
+    monkeypatch.setattr(os, "geteuid", lambda: 3999999)  # docker run --user 3999999: no such user
+    env = {"SSH_AUTHORIZED_KEYS": ED25519}
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) is None
+    assert "uid 3999999 has no entry in /etc/passwd" in capsys.readouterr().err
