@@ -89,10 +89,10 @@ def git(*args: str) -> str:
     return r.stdout
 
 
-def select(scope: str, base: str, only: str | None) -> list[plan.Target]:
-    targets = [t for t in plan.PLAN if only is None or only in t.path]
-    if only is not None and not targets:
-        raise Refused(f"--only {only}: no module of the plan matches (scripts/mutants_plan.py)")
+def select(scope: str, base: str, only: list[str] | None) -> list[plan.Target]:
+    targets = [t for t in plan.PLAN if not only or any(o in t.path for o in only)]
+    if only and not targets:
+        raise Refused(f"--only {' '.join(only)}: no module of the plan matches (scripts/mutants_plan.py)")
     if scope == "changed":
         try:
             git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scripts/mutants.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--scope", choices=("all", "changed"), default="all")
     p.add_argument("--base", default="main", help="--scope changed: the branch or commit to compare with (main)")
-    p.add_argument("--only", metavar="TEXT", help="only the modules whose path contains TEXT")
+    p.add_argument("--only", metavar="TEXT", action="append",
+                   help="only the modules whose path contains TEXT (repeatable)")
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in its own scratch copy (2)")
     p.add_argument("--report", type=Path, default=ROOT / "build-logs" / "mutants.txt")
     p.add_argument("--reuse", action="store_true",

@@ -64,7 +64,7 @@ PLAN: tuple[Target, ...] = (
     Target("smoke_tests/ddp_watchdog.py", _SMOKE),
     Target("smoke_tests/smokelib.py", _SMOKE),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).
-    Target("builder/common/yamlpos.py", ("tests/unit/test_spec.py",)),
+    Target("builder/common/yamlpos.py", ("tests/unit/test_yamlpos.py", "tests/unit/test_spec.py")),
 )
 
 # Kept operators. cosmic-ray replaces each binary operator by every other one and each comparison

@@ -179,3 +179,22 @@ def test_a_config_blob_that_cannot_be_read_gives_no_labels_and_says_why(blob: by
                               session=FakeSession(answer))  # type: ignore[arg-type]
     labels, reason = freshness.registry_labels(c)("held")
     assert labels is None and reason.endswith(why)
+
+
+def test_unchanged_names_the_best_date_it_has() -> None:
+    created = {**SAME, contract.OCI_CREATED: "2026-11-02T10:00:00Z"}
+    assert freshness.unchanged_since(SAME, created) == "unchanged since 2026-11-02"
+    assert (freshness.unchanged_since(SAME, SAME) or "").startswith("unchanged since ")  # no date at all: still unchanged
+
+
+@pytest.mark.parametrize(("days", "pending_runs"), [(14, False), (15, True)])
+def test_the_os_gate_audits_only_past_max_pending_days(days: int, pending_runs: bool) -> None:
+    ran: list[bool] = []
+
+    def pending() -> freshness.OsPending:
+        ran.append(True)
+        return freshness.OsPending(("libssl3 1 -> 2",))
+
+    updated = (NOW - dt.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reason = freshness.os_gate({contract.LABEL_OS_UPDATED: updated}, 14, NOW, pending)
+    assert bool(ran) is pending_runs and (reason is not None) is pending_runs

@@ -599,6 +599,7 @@ def test_hang_deadlines() -> None:
     assert runner_default.watchdog_s < runner_default.collective_s
     with pytest.raises(ValueError, match="too short for NCCL"):
         ddp_watchdog.hang_deadlines("nccl", 1, 180)
+    assert ddp_watchdog.hang_deadlines("gloo", 60, 1) == (60, 1)  # short, but positive
     for collective, phase in ((0, 180), (60, 0), (-1, 180), (60, -1)):
         with pytest.raises(ValueError, match="timeouts must be positive"):
             ddp_watchdog.hang_deadlines("gloo", collective, phase)
@@ -618,6 +619,14 @@ def test_progress_parsing_and_marking() -> None:
     board = ddp_watchdog.ProgressBoard(2, 4, dog, Store())
     board.mark("setup")
     assert dog.current == "setup" and store == {"ptmg/progress/2": "setup:0"}
+
+    class Gone:
+        def set(self, key: str, value: str) -> None:
+            raise ConnectionResetError("the store's host is gone")
+
+    lost = ddp_watchdog.ProgressBoard(2, 4, dog, Gone())
+    lost.mark("train", 1)  # the job goes on without the store
+    assert lost.store is None and dog.current == "train"
 
 
 #: A rank stuck in an NCCL collective, with fakes: the c10d store (a dict), torch's NCCL watchdog
