@@ -119,6 +119,8 @@ def test_decode_torchvision_cuda(raw: Any, want: tuple[int, int] | None) -> None
     (["sm_90"], (9, 0), True),          # the cubin's own capability
     (["sm_120"], (12, 0), True),        # a two-digit major
     (["sm_120"], (1, 2), False),
+    (["compute_90"], (9, 0), True),     # PTX for exactly this capability
+    (["garbage", "sm_80"], (8, 0), True),  # an entry it cannot read does not end the search
 ])
 def test_arch_covers(archs: list[str], cap: tuple[int, int], ok: bool) -> None:
     assert lib.arch_covers(archs, cap) is ok

@@ -6,6 +6,7 @@ aside), and how sshd is started (its policy, the forwarding it allows). No root,
 from __future__ import annotations
 
 import os
+import pwd
 import stat
 import subprocess
 from pathlib import Path
@@ -402,3 +403,29 @@ def test_sshd_stays_off_for_a_uid_without_a_passwd_entry(tmp_path: Path, monkeyp
     env = {"SSH_AUTHORIZED_KEYS": ED25519}
     assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) is None
     assert "uid 3999999 has no entry in /etc/passwd" in capsys.readouterr().err
+
+
+def test_a_token_of_exactly_the_minimum_length_is_taken(tmp_path: Path, jupyter_env: dict[str, str]) -> None:
+    env = {**jupyter_env, "JUPYTER_TOKEN": "x" * services.MIN_TOKEN}
+    spec = services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+    assert spec is not None and Path(spec.env["PTMG_JUPYTER_TOKEN_FILE"]).read_text() == "x" * services.MIN_TOKEN
+
+
+def test_tensorboard_starts_even_when_its_logdir_cannot_be_made(tmp_path: Path, tb_env: dict[str, str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("x")
+    env = {**tb_env, "TENSORBOARD_LOGDIR": str(tmp_path / "a-file" / "runs")}
+    assert services.prepare_tensorboard(load_settings([], env), env, _me(tmp_path), "/w", True) is not None
+    assert "cannot create TENSORBOARD_LOGDIR" in capsys.readouterr().err
+
+
+def test_sshd_may_listen_on_the_first_unprivileged_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    start = tmp_path / "ip_unprivileged_port_start"
+    start.write_text("1024\n")
+    monkeypatch.setattr(services, "UNPRIVILEGED_PORT_START", start)
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: None)  # any uid has an entry here
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    env = {"SSH_AUTHORIZED_KEYS": ED25519, "SSH_PORT": "1024"}
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]
