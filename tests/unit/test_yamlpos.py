@@ -41,6 +41,7 @@ def test_aliases_that_expand_past_the_bound_are_refused() -> None:
     ("a: 1\nb: \x00\n", "m.yaml:2:4:", "character U+0000 is not allowed in YAML"),
     ("a: 1\n  b: 2\n", "m.yaml:2:4:", "malformed YAML"),
     ("a: !!python/object:os.system x\n", "m.yaml:1:4:", "malformed YAML"),
+    ("\nb: \x00\n", "m.yaml:2:4:", "character U+0000"),  # after a leading empty line
 ])
 def test_malformed_yaml_is_located(text: str, where: str, says: str) -> None:
     [problem] = refused(text)
@@ -69,7 +70,9 @@ def test_values_and_keys_keep_their_positions() -> None:
     assert doc.value == {"top": {"list": ["x", {"k": "v"}]}, "other": 2}
     assert doc.at(("top", "list", 1, "k")) == Loc("m.yaml", 4, 11)
     assert doc.at(("top", "list", 1, "absent", "deeper")) == Loc("m.yaml", 4, 7)  # the nearest parent
+    assert doc.at(("top", "list", 1, "absent")) == Loc("m.yaml", 4, 7)
     assert doc.at(("nothing",)) == Loc("m.yaml", 1, 1)
+    assert yamlpos.load("", "m.yaml").at(("a",)) == Loc("m.yaml", 1, 1)  # an empty file: its start
     assert doc.key_at(("other",)) == Loc("m.yaml", 5, 1)
     assert doc.key_at(("top", "list", 0)) == Loc("m.yaml", 3, 7)  # a list item has no key: its value
     top = doc.value["top"]
@@ -94,10 +97,16 @@ def test_read_text_refuses_what_is_not_a_small_utf8_file(tmp_path: Path) -> None
     f.write_bytes(b"a: 1\nb: caf\xe9\n")
     with pytest.raises(ProblemsError, match=r"m\.yaml:2:7: is not valid UTF-8 \(byte 0xe9\)"):
         yamlpos.read_text(f, "m.yaml")
+    f.write_bytes(b"\nb: caf\xe9\n")
+    with pytest.raises(ProblemsError, match=r"m\.yaml:2:7: is not valid UTF-8"):
+        yamlpos.read_text(f, "m.yaml")
     f.write_bytes(b"x" * 2048)
     assert yamlpos.read_text(f, "m.yaml", max_bytes=2048) == "x" * 2048  # exactly the limit is fine
     with pytest.raises(ProblemsError, match=r"^m\.yaml: is larger than 1 KiB; a matrix file is a few KB"):
         yamlpos.read_text(f, "m.yaml", max_bytes=2047)
+    f.write_bytes(b"x" * 2049)
+    with pytest.raises(ProblemsError, match=r"^m\.yaml: is larger than 2 KiB"):
+        yamlpos.read_text(f, "m.yaml", max_bytes=2048)
     with pytest.raises(ProblemsError, match="file not found"):
         yamlpos.read_text(tmp_path / "absent.yaml", "absent.yaml")
     with pytest.raises(ProblemsError, match="is a directory"):
