@@ -15,7 +15,7 @@ PLATFORM_FLAG := $(if $(PLATFORMS),--platforms $(PLATFORMS))
 EMULATION := $(if $(filter-out native,$(PLATFORMS)),emulation)
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit test-modern-engine render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance
+.PHONY: help images test test-unit test-modern-engine mutants render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -95,6 +95,18 @@ test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real
 
 test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone (a second engine, both image stores; not yet in `make test`)
 	$(PY) -m pytest --durations=25 tests/docker -m modern_engine $(ARGS)
+
+# Mutation testing of the safety modules (scripts/mutants_plan.py), cosmic-ray pinned in
+# requirements-mutants.txt and installed on first use. SCOPE=changed: only the modules (or their
+# tests) that differ from main. JOBS mutants at once, each in its own scratch copy of the tree.
+SCOPE ?= all
+JOBS ?= 2
+$(VENV)/.mutants-installed: requirements-mutants.txt $(VENV)/.installed
+	$(PY) -m pip install -q -r requirements-mutants.txt
+	@touch $@
+
+mutants: $(VENV)/.mutants-installed ## mutation testing of the safety modules, report in build-logs/mutants.txt (SCOPE=changed, JOBS=2)
+	$(PY) scripts/mutants.py --scope $(SCOPE) --jobs $(JOBS) $(ARGS)
 
 clean: ## remove the venv and test artifacts (images stay; see `docker image ls pt-multi-gpu`)
 	rm -rf $(VENV) test-artifacts .pytest_cache .mypy_cache .ruff_cache

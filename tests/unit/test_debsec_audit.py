@@ -50,6 +50,16 @@ def test_parse_simulation() -> None:
     ]  # libnew1: a new package (a dependency), nothing installed to fix
 
 
+def test_either_sign_of_the_security_suite_makes_a_security_update() -> None:
+    """A mirror may label the suite with its own origin (`…-security` without Debian-Security), or
+    the origin alone may say it: each is enough."""
+    text = ("Inst libssl3 [3.0.20-1] (3.0.22-1 Mirror:12/oldstable-security [amd64])\n"
+            "Inst openssl [3.0.20-1] (3.0.22-1 Debian-Security:12/oldstable [amd64])\n"
+            "Inst tzdata [2026b-0] (2026f-0 Debian:12-updates/oldstable-updates [all])\n")
+    assert [(p.package, p.security) for p in debian.parse_simulation(text)] == [
+        ("libssl3", True), ("openssl", True), ("tzdata", False)]
+
+
 def test_evaluate_findings() -> None:
     r = debian.evaluate(SIMULATION, 0, LABELS, NOW)
     assert r.status == FINDINGS

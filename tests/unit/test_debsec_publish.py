@@ -153,3 +153,48 @@ def test_registry_labels_reads_the_config_blob() -> None:
     assert read("held") == (SAME, "")
     assert read("new") == (None, "absent")
     assert IMG_B  # (the publish fakes are shared with test_publish_logic)
+
+
+@pytest.mark.parametrize(("blob", "why"), [
+    (b"not json", "the config blob of held is not JSON"),
+    (b"[1, 2]", "the config blob of held is not JSON"),  # JSON, but not an image config
+    (None, "ConnectionError"),  # the registry went away between the manifest and the blob
+])
+def test_a_config_blob_that_cannot_be_read_gives_no_labels_and_says_why(blob: bytes | None, why: str) -> None:
+    import requests
+
+    from builder.publish import address, client
+
+    digest = "sha256:" + hashlib.sha256(blob or b"").hexdigest()
+    body = _manifest(digest)
+
+    def answer(url: str, params: dict[str, str], headers: dict[str, str]) -> FakeResponse:
+        if "/blobs/" in url:
+            if blob is None:
+                raise requests.exceptions.ConnectionError("connection reset")
+            return FakeResponse(200, blob)
+        return FakeResponse(200, body, {"Docker-Content-Digest": _digest(body)})
+
+    c = client.RegistryClient(address.parse_registry("127.0.0.1:5000/ns"), "pt-multi-gpu", None,
+                              session=FakeSession(answer))  # type: ignore[arg-type]
+    labels, reason = freshness.registry_labels(c)("held")
+    assert labels is None and reason.endswith(why)
+
+
+def test_unchanged_names_the_best_date_it_has() -> None:
+    created = {**SAME, contract.OCI_CREATED: "2026-11-02T10:00:00Z"}
+    assert freshness.unchanged_since(SAME, created) == "unchanged since 2026-11-02"
+    assert (freshness.unchanged_since(SAME, SAME) or "").startswith("unchanged since ")  # no date at all: still unchanged
+
+
+@pytest.mark.parametrize(("days", "pending_runs"), [(14, False), (15, True)])
+def test_the_os_gate_audits_only_past_max_pending_days(days: int, pending_runs: bool) -> None:
+    ran: list[bool] = []
+
+    def pending() -> freshness.OsPending:
+        ran.append(True)
+        return freshness.OsPending(("libssl3 1 -> 2",))
+
+    updated = (NOW - dt.timedelta(days=days)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    reason = freshness.os_gate({contract.LABEL_OS_UPDATED: updated}, 14, NOW, pending)
+    assert bool(ran) is pending_runs and (reason is not None) is pending_runs

@@ -252,6 +252,77 @@ def test_in_image_suite_passes_eight_gpus_and_refuses_a_gloo_fallback() -> None:
         job_tests.CHECKS["world-size"](short, _smoke())
 
 
+def _good_job(tmp_path: Path, world: int = 8, backend: str = "nccl", **launch: Any) -> Any:
+    """A job every in-image check passes: its TensorBoard folder holds a (1-byte) events file, and
+    its bandwidth rows sit just above the checks' limits."""
+    (tmp_path / "tb").mkdir(exist_ok=True)
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"x")
+    result = job_result(world, backend, gpus_visible=world if backend == "nccl" else 0,
+                        device="cuda:0" if backend == "nccl" else "cpu")
+    result["busbw"] = [{"bytes": 1 << 20, "time_us": 0.5, "busbw_GBps": 0.5, "time_us_max": 0.5}]
+    fields = {"returncode": 0, "output": "", "timed_out": False, "nproc": world, "backend": backend, "note": "",
+              "seconds": 1.0, "device": "cuda" if backend == "nccl" else "cpu", **launch}
+    return run_ddp.Launch(**fields), result, str(tmp_path)
+
+
+def _gloo_smoke() -> Any:
+    return lib.SmokeConfig(require_gpu=False, nproc=None, out="/tmp", expect={}, ddp_timeout=60.0)
+
+
+def test_every_in_image_check_passes_a_good_job(tmp_path: Path) -> None:
+    for check in job_tests.CHECKS.values():
+        check(_good_job(tmp_path), _smoke(require_multi=True))
+        check(_good_job(tmp_path, 2, "gloo"), _gloo_smoke())  # gloo: small sizes, any GPU count, name
+
+
+def _worse(job: Any, launch: dict[str, Any] | None = None, **result: Any) -> Any:
+    bench = {**job[1]["bench"], **result.pop("bench", {})}
+    return job[0]._replace(**(launch or {})), {**job[1], **result, "bench": bench}, job[2]
+
+
+@pytest.mark.parametrize(("check", "change", "says"), [
+    ("exit-code", {"launch": {"timed_out": True}}, "hit the hard timeout"),
+    ("exit-code", {"launch": {"returncode": 1}}, "torchrun exited 1"),
+    ("world-size", {"launch": {"nproc": 4}}, None),
+    ("world-size", {"world_size": 4, "launch": {"nproc": 4}}, None),  # 4 of 8 GPUs, and nobody asked for fewer
+    ("backend", {"device": "cpu"}, "--require-gpu, but the job ran nccl on cpu"),
+    ("loss-decreases", {"loss_decreased": False}, "did not decrease"),
+    ("params-identical", {"params_identical": False}, "parameters differ"),
+    ("allreduce-exact", {"allreduce_exact": False}, "gave a wrong result"),
+    ("busbw-table", {"bench": {"warmup": 0}}, "warmup"),
+    ("busbw-table", {"bench": {"iters": 5}}, "iters"),
+    ("busbw-table", {"busbw": []}, "no all-reduce bandwidth measured"),
+    ("busbw-table", {"busbw": [{"time_us": 0.0, "busbw_GBps": 1.0, "time_us_max": 1.0}]}, "time_us"),
+    ("busbw-table", {"busbw": [{"time_us": 1.0, "busbw_GBps": 0.0, "time_us_max": 1.0}]}, "busbw_GBps"),
+    ("busbw-table", {"busbw": [{"time_us": 2.0, "busbw_GBps": 1.0, "time_us_max": 1.0}]}, "time_us_max"),
+    ("busbw-table", {"bench": {"sizes": [1 << 20, 1 << 29]}}, "NCCL sizes stop at 536870912 bytes"),
+    ("verdict", {"verdict": "failed"}, "the job's checks"),
+])
+def test_each_in_image_check_refuses_what_it_guards(tmp_path: Path, check: str, change: dict[str, Any],
+                                                    says: str | None) -> None:
+    job = _worse(_good_job(tmp_path), **change)
+    with pytest.raises(AssertionError, match=says):
+        job_tests.CHECKS[check](job, _smoke(require_multi=True))
+
+
+def test_tensorboard_events_must_exist_and_hold_something(tmp_path: Path) -> None:
+    job = _good_job(tmp_path)
+    (tmp_path / "tb" / "events.out.tfevents.1.host").write_bytes(b"")
+    with pytest.raises(AssertionError, match="no TensorBoard events written"):
+        job_tests.CHECKS["tensorboard-events"](job, _smoke())
+    (tmp_path / "tb" / "events.out.tfevents.1.host").unlink()
+    with pytest.raises(AssertionError, match="no TensorBoard events written"):
+        job_tests.CHECKS["tensorboard-events"](job, _smoke())
+
+
+def test_a_job_without_a_result_fails_every_check_but_the_exit_code(tmp_path: Path) -> None:
+    launch, _, out = _good_job(tmp_path)
+    for name, check in job_tests.CHECKS.items():
+        if name != "exit-code":
+            with pytest.raises(pytest.fail.Exception, match="the DDP job printed no result"):
+                check((launch, None, out), _smoke())
+
+
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[list[str]]]:
     argvs: list[list[str]] = []
@@ -543,6 +614,34 @@ def test_hang_deadlines() -> None:
     assert runner_default.watchdog_s < runner_default.collective_s
     with pytest.raises(ValueError, match="too short for NCCL"):
         ddp_watchdog.hang_deadlines("nccl", 1, 180)
+    assert ddp_watchdog.hang_deadlines("gloo", 60, 1) == (60, 1)  # short, but positive
+    for collective, phase in ((0, 180), (60, 0), (-1, 180), (60, -1)):
+        with pytest.raises(ValueError, match="timeouts must be positive"):
+            ddp_watchdog.hang_deadlines("gloo", collective, phase)
+
+
+def test_progress_parsing_and_marking() -> None:
+    assert ddp_watchdog.parse_progress("train:12") == (ddp_watchdog.PHASES.index("train"), 12)
+    assert ddp_watchdog.parse_progress("train") == (ddp_watchdog.PHASES.index("train"), 0)
+    assert ddp_watchdog.parse_progress("lunch:3") == (-1, 3)  # an unknown phase sorts before every known one
+    dog = ddp_watchdog.Watchdog(0, 60.0)  # never started: only its phase is read
+    store: dict[str, str] = {}
+
+    class Store:
+        def set(self, key: str, value: str) -> None:
+            store[key] = value
+
+    board = ddp_watchdog.ProgressBoard(2, 4, dog, Store())
+    board.mark("setup")
+    assert dog.current == "setup" and store == {"ptmg/progress/2": "setup:0"}
+
+    class Gone:
+        def set(self, key: str, value: str) -> None:
+            raise ConnectionResetError("the store's host is gone")
+
+    lost = ddp_watchdog.ProgressBoard(2, 4, dog, Gone())
+    lost.mark("train", 1)  # the job goes on without the store
+    assert lost.store is None and dog.current == "train"
 
 
 #: A rank stuck in an NCCL collective, with fakes: the c10d store (a dict), torch's NCCL watchdog

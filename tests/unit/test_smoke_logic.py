@@ -116,6 +116,11 @@ def test_decode_torchvision_cuda(raw: Any, want: tuple[int, int] | None) -> None
     (["sm_37", "sm_50"], (12, 0), False),
     ([], (8, 0), False),
     (["garbage"], (8, 0), False),
+    (["sm_90"], (9, 0), True),          # the cubin's own capability
+    (["sm_120"], (12, 0), True),        # a two-digit major
+    (["sm_120"], (1, 2), False),
+    (["compute_90"], (9, 0), True),     # PTX for exactly this capability
+    (["garbage", "sm_80"], (8, 0), True),  # an entry it cannot read does not end the search
 ])
 def test_arch_covers(archs: list[str], cap: tuple[int, int], ok: bool) -> None:
     assert lib.arch_covers(archs, cap) is ok
@@ -140,6 +145,19 @@ def test_clamp_nproc() -> None:
         ddp_plan.clamp_nproc(0, 0, "gloo")
 
 
+def test_clamp_nproc_at_its_boundaries() -> None:
+    assert ddp_plan.clamp_nproc(2, 2, "nccl") == (2, "")  # one rank per GPU: nothing to clamp
+    assert ddp_plan.clamp_nproc(0, 2, "nccl") == (1, "")  # never no rank at all
+    assert ddp_plan.clamp_nproc(1, 0, "gloo") == (1, "")
+    with pytest.raises(ValueError, match="no visible GPU"):
+        ddp_plan.device_index(0, 0)
+
+
+@pytest.mark.parametrize(("nproc", "multi"), [(1, False), (2, True), (3, True)])
+def test_a_plan_is_multi_rank_from_two_ranks_on(nproc: int, multi: bool) -> None:
+    assert ddp_plan.RankPlan(nproc, "gloo", "cpu", "").multi_rank is multi
+
+
 @pytest.mark.parametrize(("n", "bus"), [(1, 0.0), (2, 1e9), (4, 1.5e9), (8, 1.75e9)])
 def test_bus_bandwidth_as_nccl_tests(n: int, bus: float) -> None:
     alg, got = ddp_bench.bus_bandwidth(10**9, 1.0, n)
@@ -161,6 +179,10 @@ def test_loss_decreased() -> None:
     assert not ddp_plan.loss_decreased([1.0] * 10 + [float("nan")] * 5)
     assert not ddp_plan.loss_decreased([2.0, 1.0])                   # too short to tell
     assert not ddp_plan.loss_decreased([1.0] * 5 + [2.0] * 5)        # rising
+    assert not ddp_plan.loss_decreased([10.0] * 5 + [1.0] * 4)        # one short of two windows
+    assert ddp_plan.loss_decreased([10.0] * 5 + [1.0] * 5)            # exactly two windows are enough
+    assert ddp_plan.loss_decreased([10.0] * 5 + [9.0] * 5 + [1.0] * 5)  # the last window, not all after the first
+    assert not ddp_plan.loss_decreased([10.0] * 5 + [7.0] * 5)        # exactly 0.7x is not below it
 
 
 def test_find_result_takes_the_last_valid_line() -> None:
@@ -174,12 +196,22 @@ def test_find_result_takes_the_last_valid_line() -> None:
     assert ddp_plan.find_result("nothing here") is None
 
 
+def test_find_result_reads_only_after_its_marker() -> None:
+    marker = ddp_plan.RESULT_MARKER
+    assert ddp_plan.find_result(marker + '{"world_size": 2}') == {"world_size": 2}  # the marker at column 0
+    # JSON where the text after a marker would start, but no marker: not a result.
+    assert ddp_plan.find_result(" " * (len(marker) - 1) + '{"world_size": 8}') is None
+    assert ddp_plan.find_result(f"{marker}{{broken\n{marker}{{\"world_size\": 3}}") == {"world_size": 3}
+
+
 @pytest.mark.parametrize(("progress", "world", "late"), [
     ({0: "train:3", 1: "train:2"}, 2, [1]),
     ({0: "train:3", 1: "train:3"}, 2, []),                        # same point: nobody to blame
     ({0: "allreduce-check:0", 1: "train:59", 2: "allreduce-check:0"}, 3, [1]),
     ({0: "train:5"}, 2, [1]),                                      # never reported: furthest behind
     ({0: "setup:0", 1: "init_process_group:0", 2: "init_process_group:0"}, 3, [1, 2]),
+    ({0: "start:0"}, 2, [1]),                                      # behind even a rank at the very start
+    ({0: "lunch:0"}, 2, [1]),                                      # and one in an unknown phase
 ])
 def test_laggards(progress: dict[int, str], world: int, late: list[int]) -> None:
     assert ddp_watchdog.laggards(progress, world) == late

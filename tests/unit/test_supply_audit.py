@@ -17,6 +17,7 @@ import pytest
 from builder.audit import osv, python
 from builder.audit.osv import Advisory, Key, OsvDir, Unavailable
 from builder.audit.report import FAILED, FINDINGS, OK
+from builder.audit.report import Target as AuditTarget
 from builder.common.yamlpos import ProblemsError
 from builder.lock import model
 from builder.lock.model import CellLock, Package, Wheel
@@ -40,9 +41,18 @@ def settings(policy: PythonPolicy | None = None, sources: Sequence[osv.Source] |
     ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H", 9.8), ("CVSS:3.1/AV:L/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:H", 6.2),
     ("CVSS:3.1/AV:N/AC:H/PR:H/UI:N/S:U/C:H/I:N/A:N", 4.4), ("CVSS:3.1/AV:N/AC:L/PR:N/UI:R/S:C/C:L/I:L/A:N", 6.1),
     ("CVSS:3.0/AV:N/AC:L/PR:L/UI:N/S:C/C:H/I:H/A:H", 9.9), ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:N", 0.0),
+    ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:C/C:H/I:H/A:H", 10.0),  # a changed scope's score is capped at 10 too
 ])
 def test_cvss3_base_scores(vector: str, score: float) -> None:
     assert osv.cvss3_score(vector) == score
+
+
+@pytest.mark.parametrize(("score", "word"), [
+    (10.0, "critical"), (9.0, "critical"), (8.9, "high"), (7.0, "high"), (6.9, "medium"), (4.0, "medium"),
+    (3.9, "low"), (0.5, "low"), (0.1, "low"), (0.0, "unrated"),
+])
+def test_cvss_ratings_at_their_boundaries(score: float, word: str) -> None:
+    assert osv.rating(score) == word
 
 
 @pytest.mark.parametrize(("name", "version", "ids"), [
@@ -55,6 +65,37 @@ def test_cvss3_base_scores(vector: str, score: float) -> None:
 def test_osv_ranges_match_like_the_schema_says(name: str, version: str, ids: list[str]) -> None:
     got = OsvDir(FIXTURE).query([(name, version)])[(name, version)]
     assert [a.id for a in got or []] == ids  # the withdrawn one and the npm one never match
+
+
+def _advisory(osv_id: str, *affected: dict[str, Any], summary: str = "a flaw") -> dict[str, Any]:
+    return {"id": osv_id, "modified": "2026-01-01T00:00:00Z", "summary": summary, "affected": list(affected)}
+
+
+def _pypi(name: str, ecosystem: str = "PyPI") -> dict[str, Any]:
+    return {"package": {"ecosystem": ecosystem, "name": name},
+            "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "2.0"}]}]}
+
+
+def test_an_advisory_counts_once_and_only_for_its_pypi_package(tmp_path: Path) -> None:
+    """Listed twice for one package (two ranges entries) it is one finding; another ecosystem's
+    package of the same name (npm's `six`) is not this package; a broken file does not hide the rest."""
+    (tmp_path / "0-broken.json").write_text("{not json")
+    (tmp_path / "GHSA-twice.json").write_text(json.dumps(_advisory("GHSA-twice", _pypi("six"), _pypi("six"))))
+    (tmp_path / "GHSA-npm.json").write_text(json.dumps(_advisory("GHSA-npm", _pypi("six", "npm"), _pypi("idna"))))
+    fixed_long_ago = {"package": {"ecosystem": "PyPI", "name": "urllib3"},
+                      "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "0.5"}]}]}
+    (tmp_path / "GHSA-npm2.json").write_text(json.dumps(_advisory("GHSA-npm2", fixed_long_ago, _pypi("urllib3", "npm"))))
+    got = OsvDir(tmp_path).query([("six", "1.0"), ("idna", "1.0"), ("six", "2.0"), ("urllib3", "1.0")])
+    assert [a.id for a in got[("six", "1.0")] or []] == ["GHSA-twice"]
+    assert [a.id for a in got[("idna", "1.0")] or []] == ["GHSA-npm"]
+    assert got[("six", "2.0")] == []
+    assert got[("urllib3", "1.0")] == [], "npm's urllib3 range is not PyPI's"
+
+
+def test_an_advisory_summary_is_one_line_of_at_most_200_characters() -> None:
+    raw = _advisory("GHSA-long", _pypi("six"), summary="x" * 300 + "\nsecond line")
+    assert osv.advisory(raw, "six", ("2.0",)).summary == "x" * 200
+    assert osv.advisory({**raw, "summary": "short\nmore"}, "six", ()).summary == "short"
 
 
 def test_the_export_zip_reads_the_same(tmp_path: Path) -> None:
@@ -91,6 +132,27 @@ def test_fail_on_high_lets_medium_pass_but_never_unrated() -> None:
     assert verdicts == {"idna": "below fail_on", "urllib3": "below fail_on", "pip": "refused"}
     r = python.audit_packages("cell", VULNERABLE[:2], settings(PythonPolicy("high")))
     assert r.status == OK and len(r.findings) == 2  # still reported
+
+
+def test_a_finding_at_the_fail_on_level_is_refused() -> None:
+    r = python.audit_packages("cell", VULNERABLE[:2], settings(PythonPolicy("medium")))
+    assert {f["package"]: f["verdict"] for f in r.findings} == {"idna": "refused", "urllib3": "refused"}
+    assert r.status == FINDINGS
+
+
+def test_an_allowlist_entry_holds_through_its_last_day() -> None:
+    entry = AllowEntry("GHSA-jjg7-2v4v-x38h", "waiting for a fix", TODAY, "idna", where="images.yaml:40:9")
+    r = python.audit_packages("cell", [("idna", "3.6")], settings(PythonPolicy("any", (entry,))))
+    assert r.status == OK and r.findings[0]["verdict"] == f"allowed until {TODAY}: waiting for a fix"
+
+
+def test_a_cell_without_a_lock_or_an_image_without_a_cell_is_unknown(tmp_path: Path) -> None:
+    s = python.Settings(tmp_path, PythonPolicy(), (OsvDir(FIXTURE),), TODAY)
+    no_lock, no_cell = python.audit_locks([AuditTarget("pt:a", "no-such-cell"), AuditTarget("some/image:1")], s)
+    for audit, who in ((no_lock, "no-such-cell"), (no_cell, "some/image:1")):
+        result = audit.sections[python.SECTION]
+        assert result.status == FAILED and result.facts == {python.UNKNOWN: "yes"}
+        assert result.error is not None and result.error.startswith(f"no lock for {who} (")
 
 
 def test_an_allowlisted_vulnerability_passes_with_its_reason() -> None:

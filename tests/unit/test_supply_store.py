@@ -64,7 +64,8 @@ def server() -> Iterator[str]:
     Files.files = {SIX_NAME: SIX}
     Files.auth_seen = []
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    # A short poll: shutdown() waits for it, and the default (0.5 s) was most of this file's time.
+    t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
     t.start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -113,6 +114,56 @@ def test_a_planted_wrong_wheel_in_the_store_stops_the_build(server: str, tmp_pat
     assert "hash mismatch in the wheel store" in text and str(f) in text
     assert f"Expected: sha256:{six(server).sha256}" in text and "Computed: sha256:" in text
     assert f.read_bytes().startswith(b"print('pwned')")  # never silently replaced
+
+
+def test_sha256_file_reads_the_whole_file(tmp_path: Path) -> None:
+    data = bytes(range(256)) * (3 * 4096) + b"tail"  # 3 MiB and a bit: several chunks
+    (tmp_path / "big").write_bytes(data)
+    assert store.sha256_file(tmp_path / "big") == hashlib.sha256(data).hexdigest()
+
+
+IDNA_NAME = "idna-3.20-py3-none-any.whl"
+IDNA = b"idna wheel bytes"
+
+
+def idna(base: str) -> Wheel:
+    return Wheel(IDNA_NAME, f"{base}/files/{IDNA_NAME}", len(IDNA), hashlib.sha256(IDNA).hexdigest())
+
+
+def _plant(f: Path, data: bytes) -> None:
+    f.chmod(0o644)
+    f.write_bytes(data)
+
+
+def test_every_stored_wheel_is_checked_whatever_comes_before_it(server: str, tmp_path: Path) -> None:
+    """A verified wheel, or a missing one, earlier in the list does not end the check of the rest."""
+    Files.files[IDNA_NAME] = IDNA
+    s = Store(tmp_path / "store")
+    s.ensure([six(server), idna(server)])
+    _plant(s.file(idna(server)), b"X" * len(IDNA))
+    with pytest.raises(HashMismatch):
+        s.ensure([six(server), idna(server)])  # six: verified before, skipped
+    s.file(six(server)).unlink()
+    with pytest.raises(HashMismatch):
+        s.ensure([six(server), idna(server)])  # six: missing
+
+
+def test_a_wheel_with_the_stores_mtime_but_not_its_stamp_is_hashed(server: str, tmp_path: Path) -> None:
+    s = Store(tmp_path / "store")
+    s.ensure([six(server)])
+    f = s.file(six(server))
+    _plant(f, b"print('pwned')")  # another size, and the mtime every stored wheel has
+    os.utime(f, (store.EPOCH, store.EPOCH))
+    with pytest.raises(HashMismatch):
+        s.ensure([six(server)])
+
+
+def test_a_good_wheel_without_its_stamp_is_hashed_and_kept(server: str, tmp_path: Path) -> None:
+    s = Store(tmp_path / "store")
+    s.ensure([six(server)])
+    (tmp_path / "store" / store.STAMPS).unlink()
+    again = s.ensure([six(server)])
+    assert (again.downloaded, again.present) == (0, 1)
 
 
 def test_a_changed_file_on_the_index_is_refused_and_not_kept(server: str, tmp_path: Path) -> None:

@@ -3,11 +3,17 @@ defaults of each mode) and secrets from NAME or NAME_FILE."""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import common
 import ptmg_contract as contract
 from common import ConfigError, Settings, load_settings, read_secret
 
@@ -73,6 +79,7 @@ def test_empty_values_mean_the_default() -> None:
     ("JUPYTER_PORT", "0", False), ("TENSORBOARD_PORT", "-1", False), ("TENSORBOARD_PORT", "80x", False),
     ("PT_UID", "1", True), ("PT_UID", str(2**31 - 2), True), ("PT_UID", str(2**31 - 1), False), ("PT_UID", "0", False),
     ("PT_GID", "100", True), ("PT_GID", "1.5", False),
+    ("PT_GID", "1", True), ("PT_GID", str(2**31 - 2), True), ("PT_GID", str(2**31 - 1), False), ("PT_GID", "0", False),
 ])
 def test_number_ranges(name: str, value: str, ok: bool) -> None:
     if ok:
@@ -157,3 +164,80 @@ def test_an_unreadable_secret_file_is_a_config_error(tmp_path: Path, make: Calla
     with pytest.raises(ConfigError) as info:
         read_secret({"TOKEN_FILE": str(path)}, "TOKEN")
     assert str(info.value) == f"TOKEN_FILE={path}: cannot read it ({why})"
+
+
+def test_an_implicit_secret_file_that_cannot_be_read_is_a_config_error(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    implicit = tmp_path / "jupyter_token"
+    implicit.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(ConfigError, match=f"^{implicit}: cannot read it"):
+        read_secret({}, "JUPYTER_TOKEN", implicit)
+    implicit.write_text("fine\n")
+    real = Path.read_text
+
+    def unreadable(self: Path, *args: object, **kwargs: object) -> str:
+        if self == implicit:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_text", unreadable)
+    with pytest.raises(ConfigError, match=f"^{implicit}: cannot read it"):
+        read_secret({}, "JUPYTER_TOKEN", implicit)
+
+
+def test_own_dir_is_a_real_directory_this_uid_owns_and_may_write(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    assert common.own_dir(tmp_path)
+    assert not common.own_dir(tmp_path, os.geteuid() + 1)
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "link").symlink_to(tmp_path)
+    assert not common.own_dir(tmp_path / "f") and not common.own_dir(tmp_path / "link")
+    assert not common.own_dir(tmp_path / "absent")
+    # A directory of ours that we may not write to (r-x; root would be let in anyway, hence the fake).
+    monkeypatch.setattr(os, "access", lambda path, mode: not mode & os.W_OK)
+    assert not common.own_dir(tmp_path)
+
+
+def test_state_dir_is_the_images_own_when_ours_else_a_private_one_per_uid(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(common, "ROOT_STATE_DIR", tmp_path / "absent")
+    assert common.state_dir() == Path(tempfile.gettempdir()) / f"pt-multi-gpu-{os.geteuid()}"
+    assert common.state_dir(4242) == Path(tempfile.gettempdir()) / "pt-multi-gpu-4242"
+    monkeypatch.setattr(common, "ROOT_STATE_DIR", tmp_path)
+    assert common.state_dir() == tmp_path
+    assert common.state_dir(os.geteuid() + 1) == Path(tempfile.gettempdir()) / f"pt-multi-gpu-{os.geteuid() + 1}"
+
+
+def test_private_dir_makes_its_parents(tmp_path: Path) -> None:
+    d = common.private_dir(tmp_path / "a" / "b" / "c")
+    assert d.is_dir() and stat.S_IMODE(d.stat().st_mode) == 0o700
+
+
+def test_write_file_never_follows_a_link_planted_at_its_temporary_name(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("root's\n")
+    monkeypatch.setattr(time, "time_ns", lambda: 7)
+    (tmp_path / f".state.json.{os.getpid()}.7.tmp").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        common.write_file(tmp_path / "state.json", "{}")
+    assert victim.read_text() == "root's\n"
+
+
+def test_a_failed_write_leaves_no_temporary_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(src: object, dst: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(OSError, match="No space left"):
+        common.write_file(tmp_path / "token", "secret")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_write_json_atomic_writes_sorted_readable_json_with_its_folders(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "ptmg" / "state.json"
+    common.write_json_atomic(path, {"b": 1, "a": [2]})
+    common.write_json_atomic(path, {"b": 1, "a": [3]})  # again: the folder is there now
+    assert path.read_text() == '{\n  "a": [\n    3\n  ],\n  "b": 1\n}\n'
+    assert json.loads(path.read_text()) == {"a": [3], "b": 1}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the healthcheck reads it as another user

@@ -5,7 +5,9 @@ walk of the uid remap, which must never follow a link pt planted. The remap itse
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pwd
 from pathlib import Path
 
 import pytest
@@ -202,3 +204,124 @@ def test_rechown_stays_out_of_mounts_unless_asked(tmp_path: Path, chowns: _Chown
     chowns.calls.clear()
     assert rootstart.rechown(str(top), me, (1, 1), mounts, into_mounts=True) == 3
     assert str(top / "mnt" / "f") in [c[0] for c in chowns.calls]
+
+
+def test_rechown_reowns_a_dangling_link_itself(tmp_path: Path, chowns: _Chowns) -> None:
+    """Each entry is judged by itself (lstat), never by what a link points at: a link whose
+    target is gone (or is someone else's) is still pt's link and moves with pt."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    me = (os.getuid(), os.getgid())
+    assert rootstart.rechown(str(tmp_path), me, (1, 1), set(), into_mounts=False) == 2
+    assert str(tmp_path / "dangling") in [c[0] for c in chowns.calls]
+
+
+def test_rechown_goes_on_past_an_entry_it_cannot_change(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry that vanishes mid-walk or refuses (a read-only mount) is skipped; the rest moves."""
+    done: list[str] = []
+
+    def chown(path: str, uid: int, gid: int, *, dir_fd: int | None = None, follow_symlinks: bool = True) -> None:
+        if path == "stuck":
+            raise PermissionError(1, "Operation not permitted", path)
+        done.append(path)
+
+    monkeypatch.setattr(os, "chown", chown)
+    for name in ("stuck", "fine"):
+        (tmp_path / name).write_text("x")
+    assert rootstart.rechown(str(tmp_path), (os.getuid(), os.getgid()), (1, 1), set(), into_mounts=False) == 2
+    assert sorted(done) == sorted([str(tmp_path), "fine"])
+
+
+def test_root_only_refuses_a_path_it_cannot_look_at(tmp_path: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")  # a loop: realpath leaves it, stat fails (ELOOP)
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    assert not rootstart.root_only(str(tmp_path / "a"))
+
+
+def test_a_failing_root_command_says_how_it_failed() -> None:
+    rootstart._run(["/bin/sh", "-c", "exit 0"])  # success is silent
+    with pytest.raises(rootstart.RootStartFailed, match=r"exited 3: no such user$"):
+        rootstart._run(["/bin/sh", "-c", "echo 'no such user' >&2; exit 3"])
+    with pytest.raises(rootstart.RootStartFailed, match=r"^cannot run /nonexistent/usermod: No such file"):
+        rootstart._run(["/nonexistent/usermod", "-u", "1"])
+
+
+def test_mount_points_come_from_mountinfo(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert {"/", "/proc"} <= rootstart._mount_points()  # the mount point column, not the root or options
+
+    def no_proc(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/proc/self/mountinfo")
+
+    monkeypatch.setattr(rootstart, "open", no_proc, raising=False)
+    assert rootstart._mount_points() == set()
+
+
+SETTINGS = Settings(mode="services", argv=(), jupyter=True, jupyter_port=8888, ssh="auto", tensorboard="on",
+                    tensorboard_port=6006, tensorboard_logdir="/workspace/runs", pt_uid=None, pt_gid=None,
+                    ssh_host_key_dir="/k", diagnostics=True)
+
+
+class _Remap:
+    """pt is uid 1000, gid 1001, with its home in tmp_path; records the commands run and the walks."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, home: str) -> None:
+        self.home = home
+        self.mounts: set[str] = set()
+        self.runs: list[list[str]] = []
+        self.walks: list[tuple[str, tuple[int, int], tuple[int, int], bool]] = []
+        pw = pwd.struct_passwd((contract.USER, "x", 1000, 1001, "", home, "/bin/bash"))
+        monkeypatch.setattr(pwd, "getpwnam", lambda name: pw if name == contract.USER else None)
+        monkeypatch.setattr(rootstart, "_run", self.runs.append)
+        monkeypatch.setattr(rootstart, "_mount_points", lambda: self.mounts)
+        monkeypatch.setattr(rootstart, "rechown", self.rechown)
+
+    def rechown(self, top: str, old: tuple[int, int], new: tuple[int, int], mounts: set[str], into_mounts: bool) -> int:
+        assert mounts is self.mounts
+        self.walks.append((top, old, new, into_mounts))
+        return 2
+
+
+@pytest.fixture
+def remap(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> _Remap:
+    return _Remap(monkeypatch, str(tmp_path / "home"))
+
+
+def test_remap_of_the_uid_keeps_the_group(remap: _Remap, capsys: pytest.CaptureFixture[str]) -> None:
+    rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=2000))
+    assert remap.runs == [[rootstart.USERMOD, "-o", "-u", "2000", "-g", "1001", contract.USER]]
+    old, new = (1000, 1001), (2000, 1001)
+    assert remap.walks == [(remap.home, old, new, False), (contract.WORKDIR, old, new, False),
+                           *((d, old, new, True) for d in contract.PT_STATE_DIRS)]
+    walked = 2 * (2 + len(contract.PT_STATE_DIRS))
+    assert f"remapped to uid 2000 gid 1001 (from PT_UID/PT_GID; {walked} entries re-owned" in capsys.readouterr().err
+
+
+def test_remap_of_the_group_moves_the_group_first(remap: _Remap) -> None:
+    rootstart.remap(dataclasses.replace(SETTINGS, pt_gid=3000))
+    assert remap.runs == [[rootstart.GROUPMOD, "-o", "-g", "3000", contract.USER],
+                          [rootstart.USERMOD, "-o", "-u", "1000", "-g", "3000", contract.USER]]
+    assert {w[2] for w in remap.walks} == {(1000, 3000)}
+
+
+def test_remap_to_the_same_ids_changes_nothing(remap: _Remap) -> None:
+    rootstart.remap(SETTINGS)
+    rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=1000, pt_gid=1001))
+    assert remap.runs == [] and remap.walks == []
+
+
+def test_remap_leaves_a_mounted_home_or_workdir_to_the_host(remap: _Remap) -> None:
+    remap.mounts = {remap.home}
+    rootstart.remap(dataclasses.replace(SETTINGS, pt_uid=2000, pt_gid=3000))
+    assert [w[0] for w in remap.walks] == [contract.WORKDIR, *contract.PT_STATE_DIRS]
+    assert {w[2] for w in remap.walks} == {(2000, 3000)}
+
+
+@pytest.mark.parametrize("error", [KeyError(contract.USER), OSError(22, "Invalid argument")])
+def test_a_failed_drop_to_pt_is_a_start_failure(monkeypatch: pytest.MonkeyPatch, error: Exception) -> None:
+    def become(name: str) -> None:
+        raise error
+
+    monkeypatch.setattr(rootstart, "unsafe_environment", lambda env, cwd: [])
+    monkeypatch.setattr(rootstart, "remap", lambda s: None)
+    monkeypatch.setattr(rootstart, "become", become)
+    with pytest.raises(rootstart.RootStartFailed, match=f"^cannot drop to {contract.USER}: "):
+        rootstart.start_as_root(SETTINGS, SAFE)

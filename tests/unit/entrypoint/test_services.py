@@ -6,11 +6,14 @@ aside), and how sshd is started (its policy, the forwarding it allows). No root,
 from __future__ import annotations
 
 import os
+import pwd
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
+import ptmg_contract as contract
 import services
 from common import ConfigError, RunAs, load_settings
 
@@ -284,4 +287,145 @@ def test_sshd_stays_off_where_pt_cannot_bind_its_port(tmp_path: Path, monkeypatc
     assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) is None
     assert "cannot listen on port 22 here" in capsys.readouterr().err
     env["SSH_PORT"] = "2222"
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]
+
+
+def test_no_token_given_is_no_warning(tmp_path: Path, jupyter_env: dict[str, str],
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    assert services.prepare_jupyter(load_settings([], jupyter_env), jupyter_env, _me(tmp_path), tmp_path / "s", "/w")
+    assert "WARNING" not in capsys.readouterr().err
+
+
+def test_a_public_key_block_is_not_taken_for_a_private_key(capsys: pytest.CaptureFixture[str]) -> None:
+    """Only a BEGIN ... PRIVATE KEY line starts a block that is skipped unseen: an RFC 4716
+    public key block (or a line merely naming a private key) must not swallow the keys after it."""
+    text = ("-----BEGIN SSH2 PUBLIC KEY-----\nAAAAB3NzaC1yc2E\n-----END SSH2 PUBLIC KEY-----\n"
+            f"{ED25519}\nmy PRIVATE KEY is elsewhere\n{RSA}\n")
+    assert services._key_lines(text, "src") == [ED25519, RSA]
+
+
+# --- prepare_tensorboard: loopback only unless TENSORBOARD=port --------------------------------
+@pytest.fixture
+def tb_env(tmp_path: Path) -> dict[str, str]:
+    bin_dir = tmp_path / "tb-bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "tensorboard"
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return {"PATH": str(bin_dir), "TENSORBOARD_LOGDIR": str(tmp_path / "runs" / "tb"), "JUPYTER_TOKEN": "t" * 20}
+
+
+@pytest.mark.parametrize(("mode", "jupyter", "host", "says"), [
+    ("on", "on", "127.0.0.1", "/tensorboard/ (behind Jupyter's login)"),
+    ("on", "off", "127.0.0.1", "inside the container only"),
+    ("port", "off", "0.0.0.0", "(direct port: NO authentication)"),
+])
+def test_tensorboard_listens_beyond_loopback_only_when_asked(tmp_path: Path, tb_env: dict[str, str], mode: str,
+                                                            jupyter: str, host: str, says: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    env = {**tb_env, "TENSORBOARD": mode, "JUPYTER": jupyter}
+    spec = services.prepare_tensorboard(load_settings([], env), env, _me(tmp_path), "/w", jupyter == "on")
+    assert spec is not None
+    assert spec.argv == (f"{tb_env['PATH']}/tensorboard", "--logdir", tb_env["TENSORBOARD_LOGDIR"], "--host", host,
+                         "--port", "6006")
+    assert Path(tb_env["TENSORBOARD_LOGDIR"]).is_dir(), "the logdir is made when missing"
+    assert not services.SECRET_VARS & set(spec.env)
+    err = capsys.readouterr().err
+    assert says in err
+    assert ("inside the container only" in err) == (says == "inside the container only")
+
+
+def test_tensorboard_off_or_missing_is_no_service(tmp_path: Path, tb_env: dict[str, str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    off = {**tb_env, "TENSORBOARD": "off"}
+    assert services.prepare_tensorboard(load_settings([], off), off, _me(tmp_path), "/w", True) is None
+    missing = {**tb_env, "PATH": str(tmp_path / "empty")}
+    assert services.prepare_tensorboard(load_settings([], missing), missing, _me(tmp_path), "/w", True) is None
+    assert "tensorboard is not on PATH" in capsys.readouterr().err
+
+
+def test_a_half_host_key_is_made_again(tmp_path: Path) -> None:
+    """A private host key without its .pub (an interrupted first start) is replaced, not kept."""
+    d = tmp_path / "keys"
+    d.mkdir()
+    (d / "ssh_host_ed25519_key").write_text("half\n")
+    rsa = d / "ssh_host_rsa_key"  # a whole one, kept (a small key: this test need not wait for 3072 bits)
+    subprocess.run([services.SSH_KEYGEN, "-q", "-t", "rsa", "-b", "1024", "-N", "", "-f", str(rsa)], check=True)
+    kept = rsa.read_text()
+    keys = services.ensure_host_keys(str(d))
+    assert [k.name for k in keys] == ["ssh_host_ed25519_key", "ssh_host_rsa_key"]
+    assert (d / "ssh_host_ed25519_key").read_text().startswith("-----BEGIN OPENSSH PRIVATE KEY-----")
+    assert (d / "ssh_host_ed25519_key.pub").is_file()
+    assert rsa.read_text() == kept
+
+
+def test_the_session_env_carries_the_containers_environment_but_no_secret(tmp_path: Path) -> None:
+    env = {"PATH": "/opt/venv/bin:/usr/bin", "NCCL_DEBUG": "INFO", "PTMG_CELL": "it's c", "JUPYTER_TOKEN": "s3cr3t",
+           "HOME": "/home/pt", "SSH_CLIENT": "1.2.3.4", "BAD-NAME": "x"}
+    path = services.write_session_env(env, "/workspace", tmp_path)
+    assert path.read_text().splitlines()[1:] == [
+        "export NCCL_DEBUG=INFO", "export PATH=/opt/venv/bin:/usr/bin", "export PTMG_CELL='it'\"'\"'s c'",
+        f"export {contract.ENV_WORKDIR}=/workspace"]
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644  # sourced by pt's login shells
+
+
+def test_root_may_give_sshd_a_low_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    start = tmp_path / "ip_unprivileged_port_start"
+    start.write_text("1024\n")
+    monkeypatch.setattr(services, "UNPRIVILEGED_PORT_START", start)
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    env = {"SSH_AUTHORIZED_KEYS": ED25519}
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]
+
+
+@pytest.mark.parametrize(("tensorboard", "proxied"), [("on", True), ("port", True), ("off", False)])
+def test_jupyter_proxies_tensorboard_only_when_it_runs(tmp_path: Path, jupyter_env: dict[str, str], tensorboard: str,
+                                                       proxied: bool) -> None:
+    env = {**jupyter_env, "TENSORBOARD": tensorboard}
+    spec = services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+    assert spec is not None
+    assert spec.env.get("PTMG_TENSORBOARD_PROXY_PORT") == ("6006" if proxied else None)
+
+
+def test_a_host_key_that_cannot_be_made_stops_sshd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(services, "SSH_KEYGEN", "/bin/false")
+    with pytest.raises(subprocess.CalledProcessError):
+        services.ensure_host_keys(str(tmp_path / "keys"))
+
+
+def test_sshd_stays_off_for_a_uid_without_a_passwd_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")
+    monkeypatch.setattr(os, "geteuid", lambda: 3999999)  # docker run --user 3999999: no such user
+    env = {"SSH_AUTHORIZED_KEYS": ED25519}
+    assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) is None
+    assert "uid 3999999 has no entry in /etc/passwd" in capsys.readouterr().err
+
+
+def test_a_token_of_exactly_the_minimum_length_is_taken(tmp_path: Path, jupyter_env: dict[str, str]) -> None:
+    env = {**jupyter_env, "JUPYTER_TOKEN": "x" * services.MIN_TOKEN}
+    spec = services.prepare_jupyter(load_settings([], env), env, _me(tmp_path), tmp_path / "state", "/w")
+    assert spec is not None and Path(spec.env["PTMG_JUPYTER_TOKEN_FILE"]).read_text() == "x" * services.MIN_TOKEN
+
+
+def test_tensorboard_starts_even_when_its_logdir_cannot_be_made(tmp_path: Path, tb_env: dict[str, str],
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "a-file").write_text("x")
+    env = {**tb_env, "TENSORBOARD_LOGDIR": str(tmp_path / "a-file" / "runs")}
+    assert services.prepare_tensorboard(load_settings([], env), env, _me(tmp_path), "/w", True) is not None
+    assert "cannot create TENSORBOARD_LOGDIR" in capsys.readouterr().err
+
+
+def test_sshd_may_listen_on_the_first_unprivileged_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    start = tmp_path / "ip_unprivileged_port_start"
+    start.write_text("1024\n")
+    monkeypatch.setattr(services, "UNPRIVILEGED_PORT_START", start)
+    monkeypatch.setattr(services, "SECRET_KEYS_FILE", tmp_path / "absent")
+    monkeypatch.setattr(services, "SSHD", "/bin/true")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: None)  # any uid has an entry here
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    env = {"SSH_AUTHORIZED_KEYS": ED25519, "SSH_PORT": "1024"}
     assert services.plan_sshd(load_settings([], env), env, _me(tmp_path)) == [ED25519]
