@@ -43,6 +43,7 @@ PLAN: tuple[Target, ...] = (
                  "ensure_host_keys", "write_session_env", "plan_sshd", "permit_open", "prepare_sshd")),
     # The lock store and the lock check.
     Target("builder/lock/store.py", ("tests/unit/test_supply_store.py",)),
+    Target("builder/common/paths.py", ("tests/unit/test_supply_store.py",), only=("sha256_file",)),
     Target("builder/lock/check.py", ("tests/unit/test_supply_lock.py",)),
     # The audit and publish gates.
     Target("builder/audit/osv.py", ("tests/unit/test_supply_audit.py",),

@@ -19,6 +19,7 @@ import pytest
 
 from builder.build import supply
 from builder.common.errors import StepFailed
+from builder.common.paths import sha256_file
 from builder.lock import model, staging, store, uvbin
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.net import NetConfig
@@ -119,7 +120,7 @@ def test_a_planted_wrong_wheel_in_the_store_stops_the_build(server: str, tmp_pat
 def test_sha256_file_reads_the_whole_file(tmp_path: Path) -> None:
     data = bytes(range(256)) * (3 * 4096) + b"tail"  # 3 MiB and a bit: several chunks
     (tmp_path / "big").write_bytes(data)
-    assert store.sha256_file(tmp_path / "big") == hashlib.sha256(data).hexdigest()
+    assert sha256_file(tmp_path / "big") == hashlib.sha256(data).hexdigest()
 
 
 IDNA_NAME = "idna-3.20-py3-none-any.whl"

@@ -35,7 +35,8 @@ def _tests_of(path: str) -> dict[str, ast.FunctionDef]:
 
 
 def test_every_test_the_doc_names_exists() -> None:
-    refs = references(DOC.read_text(encoding="utf-8"))
+    # the claims' part: the mutation-testing section names source lines (its own test checks them)
+    refs = references(DOC.read_text(encoding="utf-8").split("\n## Mutation testing\n", 1)[0])
     assert len(refs) > 100, "the doc names a test for each claim"
     missing = []
     for path, name, case, number in refs:
