@@ -90,14 +90,21 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 #: Modules that test every native cell: when the session runs one, the other native cells are
 #: built in the background from the start (background.py).
-NATIVE_FOR = ("test_supply.py", "test_weekone.py")
-#: Modules whose heavy work (the arm64 cell's emulated build and test, ~20 min of qemu) runs in the
-#: background from the session's start. They run last, so that work has the most time to finish.
-RUN_LAST = ("test_arm64.py",)
+NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_weekone.py")
+#: Modules that run last, in this order. test_arm64's heavy work (the arm64 cell's emulated build
+#: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
+#: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
+#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done.
+RUN_LAST = ("test_arm64.py", "test_hpc_export.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: item.path.name in RUN_LAST)  # stable: the rest keep their order
+    """The modules in NATIVE_FOR after the others (the background build of the native cells
+    overlaps those), then RUN_LAST in its order; stable: each group keeps its order."""
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return 2 + RUN_LAST.index(name) if name in RUN_LAST else int(name in NATIVE_FOR)
+    items.sort(key=rank)
 
 
 #: The summary lists every skipped test with its reason, one line each (`-rs` groups them by reason).

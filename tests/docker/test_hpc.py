@@ -6,33 +6,26 @@
   entrypoint, as pt and as a uid with no passwd entry, with HOME unset, on a read-only root,
   where torch.compile, Triton and Jupyter find writable caches;
 - `pip install` cannot replace torch: the conflict names the pin and the way out; an unrelated
-  install works;
-- `build.py export` writes an enroot squashfs and a SIF (atomically; bad paths exit 2), and a
-  real HPC runtime, Charliecloud's unprivileged `ch-run`, runs the squashfs as a uid not in the
-  image's passwd, with $HOME bound, read-only: the selftest, a 2-rank gloo DDP job and
-  torch.compile pass, and a planted ~/.local torch is not imported. Its environment comes from
-  /ch/environment (`--set-env`), the same lines as enroot's /etc/environment: the pyxis/enroot
-  way; and, with no environment from the runtime, from /.singularity.d/env: the Apptainer way.
+  install works.
 
-Exports live in a private folder under /var/tmp and are deleted as soon as their test ends.
+The exported squashfs and SIF, and Charliecloud running them: test_hpc_export.py (it runs last,
+when the background builds are done and their leftovers gone: an export needs ~10 GB for a while).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-import ptmg_contract as contract
 from builder.spec import load_matrix
+
+from . import cellimage
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_PY = [sys.executable, str(ROOT / "build.py")]
@@ -51,13 +44,15 @@ def _docker(labels: dict[str, str], *args: str, timeout: float = 600) -> subproc
 
 
 def _need(ref: str) -> None:
+    cellimage.wait_for_native_cells()  # built in the background from the session's start
     if subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode != 0:
         pytest.fail(f"{ref} is not built. Fix: make images", pytrace=False)
 
 
 # --- what the README says, for every cell ---------------------------------------------------
 @pytest.mark.parametrize("cell", [c.name for c in CELLS])
-def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[str, str]) -> None:
+def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[str, str], test_image: str) -> None:
+    """test_image: the session's own cell is built first (the rest in the background)."""
     spec = next(c for c in CELLS if c.name == cell)
     ref = spec.repository if spec.latest else spec.ref  # `docker run --rm pt-multi-gpu selftest` for latest
     _need(ref)
@@ -68,7 +63,7 @@ def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[st
 
 
 @pytest.mark.parametrize("cell", SEEDS)
-def test_build_py_test_passes_on_both_seed_cells(cell: str, tmp_path: Path) -> None:
+def test_build_py_test_passes_on_both_seed_cells(cell: str, tmp_path: Path, test_image: str) -> None:
     """The harness path: the selftest with the image's probed labels as its expectations (so the
     version checks really compare), JUnit XML per cell, then the DDP job."""
     _need(f"pt-multi-gpu:{cell}")
@@ -162,124 +157,3 @@ def test_pip_cannot_replace_torch_and_says_how(test_image: str, session_labels: 
                  "pip install -q --no-index --find-links /wheels ptmgdemo && python -c 'import ptmgdemo, torch; "
                  "print(\"PIP-OK\", torch.__version__)'")
     assert ok.returncode == 0 and "PIP-OK" in ok.stdout, ok.stdout + ok.stderr
-
-
-# --- export and a real HPC runtime -------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def export_dir() -> Iterator[Path]:
-    """A private folder other uids can traverse (ch-run runs as OTHER_UID and reads the export)."""
-    path = Path(tempfile.mkdtemp(prefix="ptmg-export-test-", dir="/var/tmp"))
-    path.chmod(0o755)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _export(cell: str, fmt: str, out: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*BUILD_PY, "export", cell, "--format", fmt, "-o", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=1800, check=False)
-
-
-def test_export_refuses_bad_paths_and_missing_images(export_dir: Path) -> None:
-    cell = SEEDS[1]
-    for out, want in ((export_dir / "no" / "x.sqsh", "does not exist"), (export_dir / "x.tar", "must end in .sqsh"),
-                      (export_dir, "is a directory")):
-        r = _export(cell, "sqsh", out)
-        assert r.returncode == 2 and want in r.stderr and "Traceback" not in r.stderr, r.stderr
-    r = _export("pt-multi-gpu:no-such-image", "sqsh", export_dir / "x.sqsh")
-    assert r.returncode == 2 and "no image" in r.stderr, r.stderr
-    assert list(export_dir.iterdir()) == []
-
-
-def test_export_sif_is_a_sif_with_the_squashfs_inside(export_dir: Path) -> None:
-    """The same code path as a cell's export, on the small base image (a cell's SIF is 3.4 GB):
-    real mksquashfs, real siftool, and the SIF's primary partition is that squashfs."""
-    sif = export_dir / "base.sif"
-    try:
-        r = _export("debian:bookworm-slim", "sif", sif)
-        assert r.returncode == 0, r.stdout + r.stderr
-        listing = subprocess.run(["siftool", "list", str(sif)], capture_output=True, text=True, check=True,
-                                 timeout=60).stdout
-        assert "Squashfs/*System" in listing, listing  # "*System": the primary system partition
-        assert [p.name for p in export_dir.iterdir()] == ["base.sif"]  # no temporary left
-        part = export_dir / "part.sqsh"
-        dumped = subprocess.run(["siftool", "dump", "1", str(sif)], capture_output=True, check=True, timeout=120)
-        part.write_bytes(dumped.stdout)
-        rc = subprocess.run(["unsquashfs", "-cat", str(part), "etc/rc"], capture_output=True, text=True,
-                            check=True, timeout=60).stdout
-        assert rc.startswith("# enroot-provenance: dockerd://debian:bookworm-slim"), rc
-    finally:
-        sif.unlink(missing_ok=True)
-        (export_dir / "part.sqsh").unlink(missing_ok=True)
-
-
-@pytest.fixture(scope="module")
-def sqsh(test_image: str, export_dir: Path) -> Iterator[Path]:
-    out = export_dir / "image.sqsh"
-    r = _export(test_image, "sqsh", out)
-    if r.returncode != 0:
-        pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
-    report = next((ROOT / "build-logs").glob("*.export-sqsh.json"), None)
-    assert report is not None and '"sha256"' in report.read_text()
-    try:
-        yield out
-    finally:
-        out.unlink(missing_ok=True)
-
-
-def test_export_has_the_enroot_files(sqsh: Path) -> None:
-    listing = subprocess.run(["unsquashfs", "-cat", str(sqsh), "etc/rc"], capture_output=True, text=True,
-                             check=True, timeout=120).stdout
-    assert listing.startswith("# enroot-provenance: dockerd://") and f'exec {contract.TINI} ' in listing, listing
-    env = subprocess.run(["unsquashfs", "-cat", str(sqsh), "etc/environment"], capture_output=True, text=True,
-                         check=True, timeout=120).stdout
-    assert f"PATH={contract.VENV}/bin:" in env and "PIP_CONSTRAINT=" in env and "PYTHONNOUSERSITE=1" in env, env
-
-
-@pytest.fixture
-def stranger_home() -> Iterator[Path]:
-    """A home folder of OTHER_UID with a planted ~/.local torch that must never be imported."""
-    home = Path(tempfile.mkdtemp(prefix="ptmg-home-", dir="/var/tmp"))
-    try:
-        for py in ("3.10", "3.11", "3.12", "3.13"):
-            planted = home / ".local" / "lib" / f"python{py}" / "site-packages" / "torch"
-            planted.mkdir(parents=True)
-            (planted / "__init__.py").write_text("raise SystemExit('PLANTED ~/.local torch was imported')\n")
-        subprocess.run(["chown", "-R", f"{OTHER_UID}:{OTHER_UID}", str(home)], check=True, timeout=60)
-        yield home
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-
-
-def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
-            timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """ch-run as OTHER_UID (in no passwd), unprivileged, image read-only, $HOME bound, no entrypoint."""
-    if shutil.which("ch-run") is None:
-        pytest.fail("ch-run is missing. Fix: scripts/ensure-tools.sh test (Debian: charliecloud-runtime)",
-                    pytrace=False)
-    env = ["env", "-i", f"HOME={home}", f"USER=u{OTHER_UID}", "PATH=/usr/local/bin:/usr/bin:/bin"]
-    ch = ["ch-run", "--no-passwd", "--home", *(["--set-env"] if set_env else []), str(sqsh), "--", *command]
-    cmd = ["setpriv", "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups", *env, *ch]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def test_charliecloud_runs_the_selftest_as_a_stranger(sqsh: Path, stranger_home: Path) -> None:
-    r = _ch_run(sqsh, stranger_home, ["selftest"], timeout=1500)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "in charliecloud" in r.stdout and f"as uid {OTHER_UID}" in r.stdout, r.stdout[-1500:]
-    assert re.search(r"PASS\s+\S*ddp", r.stdout), r.stdout[-3000:]  # the 2-rank gloo DDP job ran and passed
-
-
-def test_charliecloud_tools_compile_and_user_site(sqsh: Path, stranger_home: Path) -> None:
-    code = ("import torch, sys; assert torch.__file__.startswith('/opt/venv/'), torch.__file__; "
-            "f = torch.compile(lambda x: x * 2 + 1); assert f(torch.ones(4)).tolist() == [3.0] * 4; "
-            "print('CH-OK', torch.__file__)")
-    r = _ch_run(sqsh, stranger_home, ["python", "-c", code])
-    assert r.returncode == 0 and "CH-OK /opt/venv/" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
-    login = _ch_run(sqsh, stranger_home, ["bash", "-lc", TOOLS])
-    assert "TOOLS-OK" in login.stdout, login.stdout + login.stderr
-    # Apptainer's way: no image environment from the runtime, the action script sources
-    # /.singularity.d/env/*.sh, then runs the command.
-    apptainer = _ch_run(sqsh, stranger_home, ["/.singularity.d/actions/exec", "sh", "-c", TOOLS], set_env=False)
-    assert "TOOLS-OK" in apptainer.stdout, apptainer.stdout + apptainer.stderr

@@ -36,6 +36,7 @@ class FakeEngine:
         self.builds: list[BuildRequest] = []
         self.base_runs = 0
         self.removed: list[str] = []
+        self.contexts_dropped = 0  # after how many builds the kept build contexts were dropped
 
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
@@ -81,6 +82,10 @@ class FakeEngine:
         self.removed.append(image_id)
         self.images.pop(image_id, None)
         return True
+
+    def drop_build_contexts(self) -> int:
+        self.contexts_dropped = len(self.builds)
+        return 3_200_000_000
 
     def relabel(self, image_id: str, labels: dict[str, str], ref: str) -> str:
         new = f"{image_id}-labelled"
@@ -145,6 +150,14 @@ def test_unchanged_debian_is_a_no_op_and_a_new_security_upload_is_not(spec: Imag
     assert engine.builds[1].build_args[contract.OS_SNAPSHOT_ARG] not in ("", first_key)
     # ... and that is again a no-op.
     assert build(engine, spec, tmp_path, mirror).status == "skipped" and len(engine.builds) == 2
+
+
+def test_a_build_drops_the_build_contexts_it_leaves_and_a_skip_touches_nothing(spec: ImageSpec,
+                                                                               tmp_path: Path) -> None:
+    engine, mirror = FakeEngine(spec), Mirror()
+    assert build(engine, spec, tmp_path, mirror).status == "built" and engine.contexts_dropped == 1
+    engine.contexts_dropped = 0
+    assert build(engine, spec, tmp_path, mirror).status == "skipped" and engine.contexts_dropped == 0
 
 
 def test_the_override_forces_a_rebuild(spec: ImageSpec, tmp_path: Path) -> None:
