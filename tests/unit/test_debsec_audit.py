@@ -88,6 +88,16 @@ def test_a_failed_update_fails_the_audit(update: str) -> None:
     assert r.status == FAILED and "apt-get update failed" in r.error
 
 
+def test_a_failed_simulation_after_a_good_update_is_named_as_such() -> None:
+    """apt's errors after the update's mark are the simulation's: the failure names dist-upgrade,
+    not the update that went well."""
+    out = (f"{M} release bookworm\nReading package lists...\n{M} update-exit 0\n"
+           f"E: Unable to correct problems, you have held broken packages.\n{M} simulate-exit 100\n")
+    r = debian.evaluate(out, 100, LABELS, NOW)
+    assert r.status == FAILED
+    assert r.error.startswith("apt-get -s dist-upgrade failed (container exit 100)"), r.error
+
+
 def test_a_container_that_died_fails_the_audit() -> None:
     r = debian.evaluate(f"{M} release bookworm\n/bin/sh: 1: apt-get: not found\n", 127, {}, NOW)
     assert r.status == FAILED
