@@ -42,9 +42,42 @@ def settings(policy: PythonPolicy | None = None, sources: Sequence[osv.Source] |
     ("CVSS:3.1/AV:N/AC:H/PR:H/UI:N/S:U/C:H/I:N/A:N", 4.4), ("CVSS:3.1/AV:N/AC:L/PR:N/UI:R/S:C/C:L/I:L/A:N", 6.1),
     ("CVSS:3.0/AV:N/AC:L/PR:L/UI:N/S:C/C:H/I:H/A:H", 9.9), ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:N/I:N/A:N", 0.0),
     ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:C/C:H/I:H/A:H", 10.0),  # a changed scope's score is capped at 10 too
+    # each weight of the specification moves at least one of these scores: privileges Low (0.62 with
+    # the scope unchanged, 0.68 changed) and High (0.27, 0.50), each attack vector and complexity,
+    # user interaction, Low impacts, and the changed scope's impact curve
+    ("CVSS:3.1/AV:N/AC:L/PR:L/UI:N/S:U/C:H/I:H/A:H", 8.8), ("CVSS:3.1/AV:N/AC:L/PR:H/UI:N/S:C/C:H/I:H/A:H", 9.1),
+    ("CVSS:3.1/AV:N/AC:L/PR:H/UI:N/S:U/C:H/I:H/A:L", 6.7), ("CVSS:3.1/AV:P/AC:L/PR:L/UI:N/S:C/C:H/I:H/A:N", 7.1),
+    ("CVSS:3.1/AV:A/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H", 8.8), ("CVSS:3.1/AV:P/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H", 6.8),
+    ("CVSS:3.1/AV:N/AC:L/PR:N/UI:R/S:U/C:H/I:H/A:H", 8.8), ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:L/I:N/A:N", 5.3),
+    ("CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:L/I:L/A:L", 7.3), ("CVSS:3.1/AV:N/AC:L/PR:L/UI:R/S:C/C:L/I:L/A:N", 5.4),
+    ("CVSS:3.1/AV:N/AC:L/PR:H/UI:R/S:C/C:L/I:L/A:N", 4.8), ("CVSS:3.1/AV:A/AC:H/PR:H/UI:R/S:C/C:H/I:H/A:L", 7.2),
+    ("CVSS:3.1/AV:N/AC:H/PR:L/UI:N/S:U/C:H/I:H/A:H", 7.5),
+    # Roundup at its edges: 5.50032 goes up to 5.6, 8.19958 to 8.2 (not 8.3)
+    ("CVSS:3.1/AV:L/AC:L/PR:H/UI:N/S:U/C:H/I:L/A:L", 5.6), ("CVSS:3.1/AV:L/AC:L/PR:N/UI:R/S:C/C:H/I:H/A:N", 8.2),
 ])
 def test_cvss3_base_scores(vector: str, score: float) -> None:
     assert osv.cvss3_score(vector) == score
+
+
+@pytest.mark.parametrize(("raw", "up"), [
+    (4.02, 4.1), (4.0, 4.0), (4.0999, 4.1), (4.00004, 4.1),
+    (4.000000000000001, 4.0),  # the float error the specification's Roundup is written to absorb
+    (4.000004, 4.0),  # it rounds to 5 decimals first
+])
+def test_cvss3_roundup_is_the_specifications(raw: float, up: float) -> None:
+    assert osv._roundup(raw) == up
+
+
+@pytest.mark.parametrize("vector", [
+    "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H",  # a metric missing
+    "CVSS:3.1/AV:X/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H",  # a value the metric does not have
+    "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H/garbage",  # a part that is no metric
+    "", "not a vector",
+])
+def test_a_malformed_cvss3_vector_has_no_score(vector: str) -> None:
+    assert osv.cvss3_score(vector) is None
+    raw = {"severity": [{"type": "CVSS_V3", "score": vector}], "database_specific": {"severity": "MODERATE"}}
+    assert osv.severity_of(raw) == ("medium", None)  # the advisory's own word then
 
 
 @pytest.mark.parametrize(("score", "word"), [
@@ -90,6 +123,44 @@ def test_an_advisory_counts_once_and_only_for_its_pypi_package(tmp_path: Path) -
     assert [a.id for a in got[("idna", "1.0")] or []] == ["GHSA-npm"]
     assert got[("six", "2.0")] == []
     assert got[("urllib3", "1.0")] == [], "npm's urllib3 range is not PyPI's"
+
+
+def _ranged(*events: dict[str, str], kind: str = "ECOSYSTEM", versions: Sequence[str] = ()) -> dict[str, Any]:
+    return _advisory("GHSA-r", {"package": {"ecosystem": "PyPI", "name": "six"}, "versions": list(versions),
+                                "ranges": [{"type": kind, "events": list(events)}]})
+
+
+@pytest.mark.parametrize(("events", "hits", "misses"), [
+    # introduced is inclusive, fixed exclusive, last_affected inclusive; a pre-release is before its release
+    ([{"introduced": "1.0"}, {"fixed": "2.0"}], ["1.0", "1.9.9", "2.0rc1"], ["0.9", "2.0", "2.0.post1"]),
+    ([{"introduced": "1.0"}, {"last_affected": "1.5"}], ["1.0", "1.5"], ["0.9", "1.5.1", "1.6"]),
+    ([{"introduced": "0"}, {"fixed": "1.0"}, {"introduced": "2.0"}, {"fixed": "3.0"}],
+     ["0.1", "2.0", "2.9"], ["1.0", "1.5", "3.0"]),
+    ([{"introduced": "1.0"}], ["1.0", "99"], ["0.9"]),
+    ([{"introduced": "0"}, {"fixed": "not a version"}], ["1.0"], []),  # an event it cannot read is left out
+])
+def test_osv_range_boundaries(events: list[dict[str, str]], hits: list[str], misses: list[str]) -> None:
+    raw = _ranged(*events)
+    assert [v for v in hits + misses if osv.affects(raw, "six", v)[0]] == hits
+
+
+def test_listed_versions_match_exactly_and_a_git_range_is_not_a_version_range() -> None:
+    listed = _ranged(versions=["1.0", "weird-build"], kind="GIT")
+    assert osv.affects(listed, "six", "1.0") == (True, ())
+    assert osv.affects(listed, "six", "weird-build") == (True, ())  # not PEP 440, but listed
+    assert osv.affects(listed, "six", "1.0.1")[0] is False
+    git = _ranged({"introduced": "0"}, {"fixed": "2.0"}, kind="GIT")  # commit hashes, not versions
+    assert osv.affects(git, "six", "1.0") == (False, ())
+    ranged = _ranged({"introduced": "0"}, {"fixed": "2.0"})
+    assert osv.affects(ranged, "six", "weird-build") == (False, ())  # cannot be placed in a range
+
+
+def test_a_snapshot_document_without_an_id_is_not_an_advisory(tmp_path: Path) -> None:
+    raw = _advisory("GHSA-x", _pypi("six"))
+    del raw["id"]
+    (tmp_path / "GHSA-x.json").write_text(json.dumps(raw))
+    with pytest.raises(Unavailable, match="no OSV advisories"):
+        OsvDir(tmp_path).query([("six", "1.0")])
 
 
 def test_an_advisory_summary_is_one_line_of_at_most_200_characters() -> None:
