@@ -142,6 +142,12 @@ def test_charliecloud_tools_compile_and_user_site(sqsh: Path, stranger_home: Pat
             "print('CH-OK', torch.__file__)")
     r = _ch_run(sqsh, stranger_home, ["python", "-c", code])
     assert r.returncode == 0 and "CH-OK /opt/venv/" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+    # The control: the plant is real. The venv's own interpreter, run outside the venv and without
+    # the image's PYTHONNOUSERSITE (as an image without those defences would run it), imports it.
+    bare = 'env -u PYTHONNOUSERSITE "$(readlink -f /opt/venv/bin/python)" -c "import torch"'
+    control = _ch_run(sqsh, stranger_home, ["sh", "-c", bare])
+    assert control.returncode != 0 and "PLANTED ~/.local torch" in control.stdout + control.stderr, \
+        control.stdout + control.stderr
     login = _ch_run(sqsh, stranger_home, ["bash", "-lc", TOOLS])
     assert "TOOLS-OK" in login.stdout, login.stdout + login.stderr
     # Apptainer's way: no image environment from the runtime, the action script sources
