@@ -119,16 +119,20 @@ def test_password_hash_pattern(value: str, ok: bool) -> None:
     assert bool(services._HASH.match(value)) is ok
 
 
+def stand_in(bin_dir: Path, name: str) -> Path:
+    """A folder holding an executable ``name`` that does nothing (the code only looks it up)."""
+    bin_dir.mkdir()
+    exe = bin_dir / name
+    exe.write_text("#!/bin/sh\nexit 0\n")
+    exe.chmod(0o755)
+    return bin_dir
+
+
 # --- prepare_jupyter: the token and hash files, and what the server's environment gets ------
 @pytest.fixture
 def jupyter_env(tmp_path: Path) -> dict[str, str]:
     """An environment whose PATH has a stand-in jupyter-lab (prepare_jupyter only looks it up)."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "jupyter-lab"
-    exe.write_text("#!/bin/sh\nexit 0\n")
-    exe.chmod(0o755)
-    return {"PATH": str(bin_dir), "PTMG_CELL": "c"}
+    return {"PATH": str(stand_in(tmp_path / "bin", "jupyter-lab")), "PTMG_CELL": "c"}
 
 
 def _me(tmp_path: Path) -> RunAs:
@@ -307,12 +311,7 @@ def test_a_public_key_block_is_not_taken_for_a_private_key(capsys: pytest.Captur
 # --- prepare_tensorboard: loopback only unless TENSORBOARD=port --------------------------------
 @pytest.fixture
 def tb_env(tmp_path: Path) -> dict[str, str]:
-    bin_dir = tmp_path / "tb-bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "tensorboard"
-    exe.write_text("#!/bin/sh\nexit 0\n")
-    exe.chmod(0o755)
-    return {"PATH": str(bin_dir), "TENSORBOARD_LOGDIR": str(tmp_path / "runs" / "tb"), "JUPYTER_TOKEN": "t" * 20}
+    return {"PATH": str(stand_in(tmp_path / "tb-bin", "tensorboard")), "TENSORBOARD_LOGDIR": str(tmp_path / "runs" / "tb"), "JUPYTER_TOKEN": "t" * 20}
 
 
 @pytest.mark.parametrize(("mode", "jupyter", "host", "says"), [
