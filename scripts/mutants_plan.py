@@ -55,10 +55,11 @@ PLAN: tuple[Target, ...] = (
     Target("builder/audit/debian.py", ("tests/unit/test_debsec_audit.py", "tests/unit/test_debsec_publish.py"),
            only=("parse_simulation", "_marks", "evaluate")),
     Target("builder/publish/freshness.py", ("tests/unit/test_debsec_publish.py",)),
-    Target("builder/publish/gates.py", ("tests/unit/test_debsec_publish.py",)),
+    Target("builder/publish/gates.py", ("tests/unit/test_debsec_publish.py", "tests/unit/test_publish_gates.py")),
     Target("builder/publish/vulns.py", ("tests/unit/test_supply_audit.py",), only=("python_gate", "combine")),
     Target("builder/cli/verbs/publish.py", ("tests/unit/test_publish_logic.py", "tests/unit/test_debsec_publish.py",
-                                             "tests/unit/test_supply_audit.py"), only=("run",)),
+                                             "tests/unit/test_supply_audit.py", "tests/unit/test_publish_gates.py"),
+           only=("run",)),
     # The smoke verdicts, the GPU planning and the watchdog.
     Target("smoke_tests/ddp_plan.py", _SMOKE),
     Target("smoke_tests/ddp_checks.py", ("tests/unit/test_gpu_path.py",)),

@@ -4,7 +4,10 @@ labels, apt's answer in the image) and a fake registry (requests.Session). One c
 thing wrong with it at a time: known vulnerabilities in its lock (also with --allow-unknown-vulns,
 also allowlisted for another package), Debian security updates pending on an old OS layer, a Debian
 audit that could not run, and images.yaml's own max_pending_days. Each refusal has its control: the
-same run with that one thing right publishes."""
+same run with that one thing right publishes. Then the verb's other decisions: a cell the registry
+already holds (same recipe and packages) is skipped unless --publish-unchanged, a floating tag that
+cannot be read is published over with a warning, each waiver is announced, and the exit status and
+stdout with and without --dry-run and --json."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from builder.smoke import passes
 from tests.support import SEED_MATRIX, write_matrix
 
 from .test_publish_logic import (
+    FLOAT_A,
     IMG_A,
     TAGS_A,
     A,
@@ -83,6 +87,10 @@ class Case:
     audit_yaml: str = ""  # images.yaml's audit: key
     flags: tuple[str, ...] = ()
     sbom: tuple[tuple[str, str], ...] | None = None  # the Python distributions the image's SBOM lists
+    #: the cell's floating tag in the registry: "" absent, "same" (an image with this one's recipe and
+    #: packages), "unreadable" (its manifest is there, its config blob is not)
+    remote: str = ""
+    tested: bool = True  # the image has a recorded smoke-test pass
 
 
 @dataclass
@@ -93,6 +101,10 @@ class Outcome:
     report_dir: Path
 
 
+IDENTITY = {contract.LABEL_RECIPE_HASH: "r" * 64, contract.LABEL_OS_PACKAGES: "o" * 64,
+            contract.LABEL_VENV_PACKAGES: "v" * 64}
+
+
 def sbom_text(packages: Sequence[tuple[str, str]]) -> str:
     return json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.5", "components": [
         {"type": "library", "name": n, "version": v, "purl": f"pkg:pypi/{n}@{v}"} for n, v in packages] + [
@@ -100,7 +112,8 @@ def sbom_text(packages: Sequence[tuple[str, str]]) -> str:
 
 
 def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outcome:
-    """`build.py publish --only A` through builder.cli.main, against the fakes."""
+    """`build.py publish --only A` through builder.cli.main, against the fakes (the cell's error: ""
+    when it has none, or when a dry run wrote no report)."""
     import builder.cli.main as cli
 
     registry = FakeRegistry()
@@ -109,12 +122,22 @@ def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outc
     updated = dt.datetime.now(dt.timezone.utc) - dt.timedelta(days=case.os_age_days)
     engine.images[f"pt-multi-gpu:{A}"]["Config"]["Labels"].update({
         contract.LABEL_OS_UPDATED: updated.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        contract.LABEL_OS_SUITES: "bookworm@2026-07-11T10:16:37Z bookworm-security@2026-11-29T00:53:13Z"})
+        contract.LABEL_OS_SUITES: "bookworm@2026-07-11T10:16:37Z bookworm-security@2026-11-29T00:53:13Z",
+        **IDENTITY})
+    blobs: dict[str, bytes] = {}
+    if case.remote:  # an earlier publish of the same recipe and packages, under the cell's floating tag
+        blob = json.dumps({"config": {"Labels": {**IDENTITY, contract.LABEL_OS_UPDATED: "2026-11-01T00:00:00Z"}}})
+        registry.tags[A] = ("", _digest(blob.encode()))
+        if case.remote == "same":
+            blobs[_digest(blob.encode())] = blob.encode()
     if case.sbom is not None:
         engine.sbom = sbom_text(case.sbom)
         engine.images[f"pt-multi-gpu:{A}"]["Config"]["Labels"][contract.LABEL_SBOM] = contract.SBOM_FILE
 
     def answer(url: str, params: dict[str, str], headers: dict[str, str]) -> FakeResponse:
+        if "/blobs/" in url:
+            held = blobs.get(url.rpartition("/blobs/")[2])
+            return FakeResponse(200, held) if held else FakeResponse(500, _err("UNKNOWN", "storage backend down"))
         tag = url.rpartition("/manifests/")[2]
         if tag not in registry.tags:
             return FakeResponse(404, _err("MANIFEST_UNKNOWN"))
@@ -128,13 +151,16 @@ def publish(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: Case) -> Outc
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
     monkeypatch.setenv("PTMG_STATE_DIR", str(tmp_path / "state"))
-    passes.record_pass(tmp_path, IMG_A, A, passed=3, skipped=0)
+    if case.tested:
+        passes.record_pass(tmp_path, IMG_A, A, passed=3, skipped=0)
     config = write_matrix(tmp_path / "matrix", SEED_MATRIX + case.audit_yaml)
     _vulnerable_lock(config.parent, A, case.pins)  # the publish verb audits the cell's lock beside images.yaml
     report_dir = tmp_path / "report"
     rc = cli.main(["publish", "--config", str(config), "--only", A, "--registry", "127.0.0.1:5000/ns",
                    "--report-dir", str(report_dir), *case.flags])
-    (cell,) = json.loads((report_dir / "publish-report.json").read_text())["cells"]
+    written = report_dir / "publish-report.json"
+    cells = json.loads(written.read_text())["cells"] if written.exists() else [{"error": ""}]
+    (cell,) = cells
     return Outcome(rc, engine, cell["error"], report_dir)
 
 
@@ -190,3 +216,62 @@ def test_publish_audits_the_sbom_of_the_image_it_pushes_and_puts_it_beside_the_r
     assert (ok.report_dir / "sbom" / f"{A}.cdx.json").read_text() == sbom_text(CLEAN) + "\n"
     audit = json.loads((ok.report_dir / "python-audit.json").read_text())
     assert audit["ok"] and audit["cells"][A]["facts"]["audited"] == "its SBOM"
+
+
+def test_a_cell_whose_floating_tag_holds_the_same_recipe_is_not_published_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    skipped = publish(tmp_path / "skipped", monkeypatch, Case(remote="same"))
+    assert skipped.rc == 0 and skipped.engine.pushes == []
+    (cell,) = json.loads((skipped.report_dir / "publish-report.json").read_text())["cells"]
+    assert cell["unchanged_since"] == "unchanged since 2026-11-01"
+    forced = publish(tmp_path / "forced", monkeypatch, Case(remote="same", flags=("--publish-unchanged",)))
+    assert forced.rc == 0 and {ref.rpartition(":")[2] for ref, _ in forced.engine.pushes} >= {*TAGS_A, A}
+
+
+def test_a_floating_tag_that_cannot_be_read_is_published_over_with_a_warning(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    unreadable = publish(tmp_path / "unreadable", monkeypatch, Case(remote="unreadable"))
+    assert unreadable.rc == 0 and {ref.rpartition(":")[2] for ref, _ in unreadable.engine.pushes} >= set(TAGS_A)
+    assert f"{A}: can't compare with the registry's {A} (GET " in caplog.text and "HTTP 500" in caplog.text
+    caplog.clear()
+    absent = publish(tmp_path / "absent", monkeypatch, Case())  # a first publish: nothing to compare with, no warning
+    assert absent.rc == 0 and "can't compare" not in caplog.text
+
+
+@pytest.mark.parametrize("flag", ["--allow-stale-os", "--allow-unknown-vulns"])
+def test_each_waiver_is_announced_and_only_when_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture, flag: str) -> None:
+    warning = {"--allow-stale-os": "--allow-stale-os: images are published whatever Debian security updates",
+               "--allow-unknown-vulns": "WARNING: --allow-unknown-vulns: cells are published even where"}
+    assert publish(tmp_path / "waived", monkeypatch, Case(flags=(flag,))).rc == 0
+    assert warning[flag] in caplog.text
+    caplog.clear()
+    assert publish(tmp_path / "plain", monkeypatch, Case()).rc == 0
+    assert not any(w in caplog.text for w in warning.values()), caplog.text
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_the_verbs_exit_status_and_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+                                          dry_run: bool, as_json: bool) -> None:
+    """1 when the floating tags are held (an image without a smoke-test pass: a dry run contacts no
+    registry and runs no audit, but it knows that), 0 when all goes, with or without --dry-run; --json:
+    stdout is the report and nothing else; otherwise a table (and a dry run's plan)."""
+    flags = ("--dry-run",) * dry_run + ("--json",) * as_json
+    for held, case in ((True, Case(tested=False, flags=flags)), (False, Case(flags=flags))):
+        capsys.readouterr()
+        caplog.clear()
+        out = publish(tmp_path / str(held), monkeypatch, case)
+        assert out.rc == (1 if held else 0)
+        pushed = {ref.rpartition(":")[2] for ref, _ in out.engine.pushes}
+        assert pushed == (set() if dry_run else set(TAGS_A) if held else {*TAGS_A, *FLOAT_A}), pushed
+        assert ("publish FAILED" in caplog.text) == (held and not dry_run), caplog.text
+        stdout = capsys.readouterr().out
+        if as_json:
+            report = json.loads(stdout)  # the whole of stdout: nothing printed around it
+            assert report["cells"][0]["cell"] == A and report["floating_gate"]["open"] is not held
+        else:
+            assert stdout.startswith("cell ") and "{" not in stdout, stdout
+            if dry_run:
+                assert ("floating tags would be held" if held else "floating tags would move") in stdout, stdout

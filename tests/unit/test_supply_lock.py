@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from builder.common.errors import InputError
-from builder.lock import check, model, resolve
+from builder.lock import check, model, resolve, uvbin
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig, redact
 from builder.lock.target import best_wheel, target, target_tags, wanted
@@ -139,6 +139,43 @@ def test_check_finds_new_and_stale_cells(cells: dict[str, ImageSpec], tmp_path: 
     assert any(p.startswith("9.9.9-gone: a lock for a cell images.yaml does not have") for p in problems)
     assert any(p.startswith("pylock.uv.toml: missing") or "pylock.uv.toml" in p for p in problems)
     assert not any(p.startswith(f"{MID}:") for p in problems)
+
+
+def test_check_names_a_requirement_images_yaml_no_longer_has(cells: dict[str, ImageSpec]) -> None:
+    """The lock was made with a requirement that images.yaml has since dropped (nothing replaces it)."""
+    spec = cells[MID]
+    good = lock_for(spec)
+    reqs = dict(good.requirements)
+    reqs["tools"] = (*reqs["tools"], "black==24.1.0")
+    assert check.compare(spec, CellLock(spec.name, good.target, reqs, good.packages)) == [
+        f"{spec.name}: tools: the lock was made with black==24.1.0, images.yaml no longer has it"]
+
+
+def test_check_reports_a_malformed_lock_as_a_problem_of_its_cell(cells: dict[str, ImageSpec],
+                                                                   tmp_path: Path) -> None:
+    """An unreadable lock is one more disagreement, named by its cell; the check goes on to the others."""
+    path = model.lock_path(tmp_path, MID)
+    path.parent.mkdir(parents=True)
+    path.write_text("[[packages]\n")
+    problems = check.check(tmp_path, [cells[MID], cells[OLD]], list(cells.values()))
+    assert any(p.startswith(f"{MID}: ") and "not valid TOML" in p for p in problems), problems
+    assert f"{OLD}: no lock (locks/{OLD}/pylock.toml is missing: a new cell?)" in problems
+
+
+@pytest.mark.parametrize(("edit", "pinned"), [
+    (lambda t: t, ""),
+    (lambda t: t.replace(f'version = "{uvbin.UV_VERSION}"', 'version = "0.0.1"'), "pins uv 0.0.1 for aarch64, x86_64"),
+    (lambda t: "\n".join(line for line in t.splitlines() if "aarch64.whl" not in line),
+     f"pins uv {uvbin.UV_VERSION} for x86_64"),
+])
+def test_check_refuses_a_uv_lock_of_another_version_or_without_a_host_machine(
+        tmp_path: Path, edit: Callable[[str], str], pinned: str) -> None:
+    uv = tmp_path / model.LOCK_DIR / uvbin.UV_LOCK
+    uv.parent.mkdir()
+    uv.write_text(edit((ROOT / model.LOCK_DIR / uvbin.UV_LOCK).read_text()))
+    problems = check.check(tmp_path, [], [])
+    assert problems == ([f"{uvbin.UV_LOCK}: {pinned}; builds use uv {uvbin.UV_VERSION} for aarch64, x86_64"]
+                        if pinned else [])
 
 
 def _copy_project(dest: Path) -> Path:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -33,14 +33,20 @@ SIX_NAME = "six-1.17.0-py2.py3-none-any.whl"
 
 class Files(http.server.BaseHTTPRequestHandler):
     """Serves /files/<name> and a PEP 503 index at /simple/<project>/ (links to the files); records
-    the Authorization header it saw."""
+    the paths asked for and the Authorization header it saw. `before[path]` runs before that path
+    is served (what another process does meanwhile)."""
 
     files: ClassVar[dict[str, bytes]] = {}
     auth_seen: ClassVar[list[str]] = []
+    paths_seen: ClassVar[list[str]] = []
+    before: ClassVar[dict[str, Callable[[], object]]] = {}
 
     def do_GET(self) -> None:
         self.auth_seen.append(self.headers.get("Authorization", ""))
         path = self.path
+        self.paths_seen.append(path)
+        if path in self.before:
+            self.before.pop(path)()
         if path.startswith("/files/") and path[7:] in self.files:
             body, kind = self.files[path[7:]], "application/octet-stream"
         elif path.startswith("/simple/"):
@@ -64,6 +70,8 @@ class Files(http.server.BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     Files.files = {SIX_NAME: SIX}
     Files.auth_seen = []
+    Files.paths_seen = []
+    Files.before = {}
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     # A short poll: shutdown() waits for it, and the default (0.5 s) was most of this file's time.
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
@@ -79,12 +87,12 @@ def six(base: str, data: bytes = SIX) -> Wheel:
 
 
 def test_download_verifies_and_stores_read_only(server: str, tmp_path: Path) -> None:
-    s = Store(tmp_path / "store")
+    s = Store(tmp_path / "cache" / "pt-multi-gpu" / "wheels")  # a new machine: no cache folder yet
     stats = s.ensure([six(server)])
     assert (stats.downloaded, stats.present) == (1, 0)
     f = s.file(six(server))
     assert f.read_bytes() == SIX and oct(f.stat().st_mode & 0o777) == "0o444"
-    assert not list((tmp_path / "store").glob(".tmp-*"))
+    assert not list(s.path.glob(".tmp-*"))
     again = s.ensure([six(server)])  # once per machine: the second time is a stat
     assert (again.downloaded, again.present) == (0, 1)
 
@@ -201,6 +209,50 @@ def test_a_mirror_from_pip_index_url_is_used_with_its_credentials_never_shown(se
     with pytest.raises(StepFailed) as exc:
         Store(tmp_path / "store", net).ensure([missing])
     assert "t0ken" not in str(exc.value) and f"http://{host}/simple/" in str(exc.value)
+
+
+def test_a_failing_mirror_falls_through_to_the_next_index_and_then_the_locks_own_url(
+        server: str, tmp_path: Path) -> None:
+    """The first mirror answers 404 for its whole index: its error is noted, and the next source is asked."""
+    net = NetConfig({"PIP_INDEX_URL": f"{server}/broken-mirror/simple", "PIP_EXTRA_INDEX_URL": f"{server}/simple"})
+    stats = Store(tmp_path / "store", net).ensure([six(server)])
+    assert stats.downloaded == 1
+    assert Files.paths_seen == ["/broken-mirror/simple/six/", "/simple/six/", f"/files/{SIX_NAME}"]
+    net = NetConfig({"PIP_INDEX_URL": f"{server}/broken-mirror/simple"})
+    Store(tmp_path / "other", net).ensure([six(server)])  # the lock's own URL after the last index
+    assert Files.paths_seen[3:] == ["/broken-mirror/simple/six/", f"/files/{SIX_NAME}"]
+
+
+def test_a_wheel_another_process_stored_meanwhile_is_verified_not_fetched_again(
+        server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both wheels are missing when the fetch starts; while six downloads (the bigger, first, one job),
+    another build on the machine stores idna. That copy is checked and kept, with its stamp."""
+    Files.files[IDNA_NAME] = IDNA
+    path = tmp_path / "store"
+    Files.before[f"/files/{SIX_NAME}"] = lambda: Store(path).ensure([idna(server)])
+    stats = Store(path, jobs=1).ensure([six(server), idna(server)])
+    assert (stats.downloaded, stats.bytes_downloaded) == (2, len(SIX))  # idna's bytes came from the other process
+    assert Files.paths_seen.count(f"/files/{IDNA_NAME}") == 1
+    hashed: list[Path] = []
+
+    def counting(p: Path) -> str:
+        hashed.append(p)
+        return "0" * 64
+
+    monkeypatch.setattr(store, "sha256_file", counting)
+    assert Store(path).ensure([six(server), idna(server)]).present == 2
+    assert hashed == []  # both stamps were kept: no re-hash on the next build
+
+
+def test_a_wrong_wheel_another_process_stored_meanwhile_is_refused(server: str, tmp_path: Path) -> None:
+    Files.files[IDNA_NAME] = IDNA
+    path = tmp_path / "store"
+    Files.before[f"/files/{SIX_NAME}"] = lambda: (path / IDNA_NAME).write_bytes(b"X" * len(IDNA))
+    with pytest.raises(HashMismatch) as exc:
+        Store(path, jobs=1).ensure([six(server), idna(server)])
+    assert str(path / IDNA_NAME) in str(exc.value)
+    assert (path / IDNA_NAME).read_bytes() == b"X" * len(IDNA)  # neither trusted nor replaced
+    assert f"/files/{IDNA_NAME}" not in Files.paths_seen
 
 
 def test_prune_keeps_what_a_lock_names(server: str, tmp_path: Path) -> None:
