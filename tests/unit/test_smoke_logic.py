@@ -251,6 +251,37 @@ def test_watchdog_leaves_a_progressing_run_alone() -> None:
     assert "finished" in proc.stdout
 
 
+def _watchdog_run(body: str) -> subprocess.CompletedProcess[str]:
+    code = f"import sys, time\nsys.path.insert(0, {str(SMOKE_DIR)!r})\nimport ddp_watchdog\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_watchdog_does_not_hold_a_failing_rank_open() -> None:
+    """A rank whose main thread fails before stop() exits with its own status at once: the watchdog
+    must not keep the process alive until its deadline and turn the failure into a 124 "hang"."""
+    proc = _watchdog_run("""
+        ddp_watchdog.Watchdog(1, 0.5, poll_s=0.05).start()
+        sys.exit(3)
+    """)
+    assert proc.returncode == 3, proc.stderr
+    assert "stuck" not in proc.stderr
+
+
+def test_watchdog_still_exits_124_when_its_diagnosis_fails() -> None:
+    proc = _watchdog_run("""
+        def diagnose():
+            raise ConnectionResetError("the store's host is gone")
+        dog = ddp_watchdog.Watchdog(2, 0.2, poll_s=0.05, diagnose=diagnose).start()
+        dog.phase("train")
+        time.sleep(10)
+        print("finished")
+    """)
+    assert proc.returncode == 124, proc.stderr
+    assert "rank 2 stuck in train" in proc.stderr
+    assert "rank 2: no diagnosis (the store's host is gone)" in proc.stderr
+    assert "finished" not in proc.stdout
+
+
 # --- builder.smoke: pure parts ---------------------------------------------------
 
 #: Every torchrun flag of torch 2.0.1's torch/distributed/run.py uses underscores; hyphen
