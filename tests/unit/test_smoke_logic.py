@@ -73,6 +73,12 @@ def test_prefix_matches(expected: str, actual: str, min_parts: int, ok: bool) ->
     assert lib.prefix_matches(expected, actual, min_parts) is ok
 
 
+def test_prefix_matches_needs_major_and_minor_unless_told() -> None:
+    # the checks of Python, CUDA and NCCL versions call it with the default
+    assert lib.prefix_matches("12.6", "12.6.3")
+    assert not lib.prefix_matches("12", "12.4")
+
+
 def test_version_tuple_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="not a version"):
         lib.version_tuple("cpu")
@@ -81,6 +87,10 @@ def test_version_tuple_rejects_garbage() -> None:
 @pytest.mark.parametrize(("raw", "want"), [
     (90501, (9, 5, 1)), (92400, (9, 24, 0)), (91002, (9, 10, 2)), (8500, (8, 5, 0)), (8902, (8, 9, 2)),
     (7605, (7, 6, 5)),
+    (90000, (9, 0, 0)),    # cuDNN 9.0.0: the first number of the major*10000 scheme
+    (8005, (8, 0, 5)),     # cuDNN 8.0.5: the patch below the major
+    (99999, (9, 99, 99)),  # each scheme's largest minor and patch
+    (8999, (8, 9, 99)),
 ])
 def test_decode_cudnn(raw: int, want: tuple[int, int, int]) -> None:
     assert lib.decode_cudnn(raw) == want
@@ -88,6 +98,11 @@ def test_decode_cudnn(raw: int, want: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize(("raw", "want"), [
     ((2, 26, 2), (2, 26, 2)), ([2, 14, 3], (2, 14, 3)), (21403, (2, 14, 3)), (2708, (2, 7, 8)), (23007, (2, 30, 7)),
+    (2803, (2, 8, 3)),     # NCCL 2.8.3, the last minor of the major*1000 scheme: the patch below the minor
+    (2000, (2, 0, 0)),     # the old scheme's first and last numbers for NCCL 2
+    (2899, (2, 8, 99)),
+    (29999, (2, 99, 99)),  # the new scheme's largest minor and patch
+    (30000, (3, 0, 0)),    # a new major: NCCL's macro encodes 3.0.0 as 30000
 ])
 def test_decode_nccl(raw: Any, want: tuple[int, ...]) -> None:
     assert lib.decode_nccl(raw) == want
@@ -95,6 +110,10 @@ def test_decode_nccl(raw: Any, want: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize(("raw", "want"), [
     ("13000", (13, 0)), (12060, (12, 6)), ("11070", (11, 7)), ("12.6", (12, 6)), (None, None), ("", None),
+    (12090, (12, 9)),      # CUDA 12.9: the largest one-digit minor
+    (12990, (12, 99)),     # CUDA_VERSION's largest minor
+    (0, None), ("0", None),  # no CUDA
+    ("12.", (12, 0)),      # a dotted text with the major alone
 ])
 def test_decode_torchvision_cuda(raw: Any, want: tuple[int, int] | None) -> None:
     assert lib.decode_torchvision_cuda(raw) == want
