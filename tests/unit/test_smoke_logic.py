@@ -79,6 +79,17 @@ def test_prefix_matches_needs_major_and_minor_unless_told() -> None:
     assert not lib.prefix_matches("12", "12.4")
 
 
+def test_smokelib_finds_the_contract_one_level_up_as_in_the_image() -> None:
+    """In the image nothing puts the contract on sys.path: smokelib finds ptmg_contract.py beside
+    its own folder. (-I -S: neither this checkout's PYTHONPATH nor the virtualenv's site-packages.)"""
+    code = (f"import sys; sys.path.insert(0, {str(SMOKE_DIR)!r}); import smokelib; "
+            "print(smokelib.contract.__file__)")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30,
+                          check=False, cwd=SMOKE_DIR)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()) == ROOT / "ptmg_contract.py"
+
+
 def test_version_tuple_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="not a version"):
         lib.version_tuple("cpu")
