@@ -153,6 +153,19 @@ def test_driver_version_survives_an_nvidia_smi_that_cannot_run(tmp_path: Path,
     assert lib.driver_version(proc_file) == "535.104.05"
 
 
+def test_driver_version_does_not_wait_on_a_hung_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc_file = _driver_host(tmp_path, monkeypatch, "sleep 600", PROC_CLOSED)
+    seen: dict[str, Any] = {}
+
+    def hung(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs)
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hung)
+    assert lib.driver_version(proc_file) == "535.104.05"
+    assert 0 < seen["timeout"] <= 60
+
+
 _CVD_UNSET: dict[str, str] = {}
 
 
