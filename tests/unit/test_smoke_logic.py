@@ -112,6 +112,7 @@ def test_decode_cudnn(raw: int, want: tuple[int, int, int]) -> None:
     (2803, (2, 8, 3)),     # NCCL 2.8.3, the last minor of the major*1000 scheme: the patch below the minor
     (2000, (2, 0, 0)),     # the old scheme's first and last numbers for NCCL 2
     (2899, (2, 8, 99)),
+    (20906, (2, 9, 6)),    # NCCL 2.9.6: from 2.9 on, the major*10000 scheme
     (29999, (2, 99, 99)),  # the new scheme's largest minor and patch
     (30000, (3, 0, 0)),    # a new major: NCCL's macro encodes 3.0.0 as 30000
 ])
