@@ -101,6 +101,101 @@ def test_host_gpus_honour_cuda_visible_devices(n: int, cvd: str | None, want: li
     assert note in why
 
 
+# --- why torch sees no GPU: the host's driver, and the reason the in-image checks give ---------------
+
+#: /proc/driver/nvidia/version of the open kernel module (570) and of the proprietary one (535).
+PROC_OPEN = ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
+             "(dvs-builder@U16-I3-B03-4-3)  Thu Jan 23 21:45:09 UTC 2025\nGCC version:  gcc version 12.2.0\n")
+PROC_CLOSED = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023\n"
+
+
+def _driver_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smi: str | None,
+                 proc: str | None = None) -> str:
+    """A host whose PATH holds only a fake nvidia-smi (the shell script `smi`, or none), and whose
+    /proc driver file (returned) holds `proc` (or does not exist)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if smi is not None:
+        (bindir / "nvidia-smi").write_text("#!/bin/sh\n" + smi)
+        (bindir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    proc_file = tmp_path / "version"
+    if proc is not None:
+        proc_file.write_text(proc)
+    return str(proc_file)
+
+
+@pytest.mark.parametrize(("smi", "proc", "want"), [
+    ("echo 570.86.15", None, "570.86.15"),                             # one GPU
+    ("printf '570.86.15\\n570.86.15\\n'", None, "570.86.15"),         # one row per GPU
+    ("echo 570.86.15", PROC_CLOSED, "570.86.15"),                      # nvidia-smi first
+    (None, PROC_OPEN, "570.86.15"),                                    # no nvidia-smi: the kernel module's file
+    (None, PROC_CLOSED, "535.104.05"),
+    ("echo \"NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver\"; exit 9",
+     PROC_CLOSED, "535.104.05"),
+    ("echo 570.86.15; exit 15", PROC_CLOSED, "535.104.05"),            # a failed nvidia-smi's output is not used
+    ("echo 'No devices were found'", PROC_CLOSED, "535.104.05"),       # not a version
+    ("exit 0", PROC_CLOSED, "535.104.05"),                             # nothing printed
+    (None, "NVRM version: unknown\n", None),
+    (None, None, None),                                                # no driver at all
+])
+def test_driver_version(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smi: str | None, proc: str | None,
+                        want: str | None) -> None:
+    assert lib.driver_version(_driver_host(tmp_path, monkeypatch, smi, proc)) == want
+
+
+def test_driver_version_survives_an_nvidia_smi_that_cannot_run(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    proc_file = _driver_host(tmp_path, monkeypatch, None, PROC_CLOSED)
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.write_bytes(b"\x7fELF not for this machine")  # executable, but exec() refuses it: OSError
+    smi.chmod(0o755)
+    assert lib.driver_version(proc_file) == "535.104.05"
+
+
+def test_driver_version_does_not_wait_on_a_hung_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    proc_file = _driver_host(tmp_path, monkeypatch, "sleep 600", PROC_CLOSED)
+    seen: dict[str, Any] = {}
+
+    def hung(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        seen.update(kwargs)
+        raise subprocess.TimeoutExpired(argv, kwargs["timeout"])
+
+    monkeypatch.setattr(subprocess, "run", hung)
+    assert lib.driver_version(proc_file) == "535.104.05"
+    assert 0 < seen["timeout"] <= 60
+
+
+_CVD_UNSET: dict[str, str] = {}
+
+
+@pytest.mark.parametrize(("cuda", "driver", "min_driver", "env", "says"), [
+    (None, "570.86.15", "525.60.13", _CVD_UNSET, "CPU-only build of torch 2.7.0"),
+    ("", None, "", _CVD_UNSET, "CPU-only build of torch 2.7.0"),
+    ("12.6", "535.104.05", "560.28.03", _CVD_UNSET,
+     "the NVIDIA driver 535.104.05 is older than 560.28.03, the minimum for CUDA 12.6"),
+    # the driver at the minimum, or newer: the GPU was not passed in
+    ("12.6", "560.28.03", "560.28.03", _CVD_UNSET, "the host's NVIDIA driver 560.28.03 is loaded, but no GPU"),
+    ("12.6", "570.86.15", "560.28.03", _CVD_UNSET, "the host's NVIDIA driver 570.86.15 is loaded, but no GPU"),
+    ("12.6", "570.86.15", "", _CVD_UNSET, "the host's NVIDIA driver 570.86.15 is loaded, but no GPU"),
+    ("12.6", "570.86.15", "n/a", _CVD_UNSET, "the host's NVIDIA driver 570.86.15 is loaded, but no GPU"),
+    ("12.6", "570.86.15", "560.28.03", {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES='' hides every GPU"),
+    ("12.6", "570.86.15", "560.28.03", {"CUDA_VISIBLE_DEVICES": "-1"}, "CUDA_VISIBLE_DEVICES='-1' hides every GPU"),
+    ("12.6", None, "560.28.03", {"CUDA_VISIBLE_DEVICES": "NoDevFiles"},
+     "CUDA_VISIBLE_DEVICES='NoDevFiles' hides every GPU"),
+    ("12.6", "570.86.15", "560.28.03", {"CUDA_VISIBLE_DEVICES": "0,1"}, "is loaded, but no GPU"),
+    ("12.6", None, "560.28.03", _CVD_UNSET, "no NVIDIA driver in this container"),
+    ("12.6", None, "560.28.03", _CVD_UNSET, "(this image needs >= 560.28.03)"),
+    ("12.6", None, "", _CVD_UNSET, "(this image needs >= the one its CUDA needs)"),
+])
+def test_no_gpu_reason_names_the_most_specific_cause(cuda: str | None, driver: str | None, min_driver: str,
+                                                      env: dict[str, str], says: str) -> None:
+    why = lib.no_gpu_reason("2.7.0+cu126" if cuda else "2.7.0+cpu", cuda, driver, min_driver, env)
+    assert says in why, why
+    causes = ("CPU-only", "is older than", "hides every GPU", "no NVIDIA driver in", "is loaded, but")
+    assert sum(c in why for c in causes) == 1, why  # one cause, not a list of guesses
+
+
 # --- the rank rule -------------------------------------------------------------------
 
 
@@ -238,6 +333,12 @@ def test_in_image_suite_skips_the_two_rank_checks_on_one_gpu(check: str) -> None
     kind, why = _outcome(check, job, _smoke(require_multi=True))
     assert kind == "failed", f"--require-multi-gpu on one GPU must fail the check, it {kind}: {why}"
     assert re.search(r"--require-multi-gpu: .*one GPU, NCCL transport not exercised", why), why
+
+
+def test_a_config_without_the_multi_gpu_flag_skips_on_one_gpu() -> None:
+    smoke = lib.SmokeConfig(require_gpu=True, nproc=None, out="/tmp", expect={}, ddp_timeout=60.0)
+    kind, why = _outcome("verdict", _fake_job(job_result(1, "nccl"), 1, "nccl"), smoke)
+    assert kind == "skipped", (kind, why)
 
 
 def test_in_image_suite_passes_eight_gpus_and_refuses_a_gloo_fallback() -> None:

@@ -114,6 +114,19 @@ def test_a_target_mutates_only_its_functions_and_the_kept_operators() -> None:
     assert plan.skip_reason(whole, where, "core/ReplaceBinaryOperator_BitOr_BitAnd", (8, 33)) == "in a type annotation"
 
 
+def test_a_dotted_name_in_an_except_tuple_is_not_run() -> None:
+    """cosmic-ray cannot replace `subprocess.TimeoutExpired` in `except (OSError, subprocess.TimeoutExpired)`:
+    the run would count an error. The plain name beside it and a lone dotted name are still run."""
+    where = plan.ModuleMap("try:\n    f()\nexcept (OSError, subprocess.TimeoutExpired):\n    pass\n"
+                           "try:\n    f()\nexcept subprocess.CalledProcessError:\n    pass\n")
+    whole = plan.Target("m.py", ("t.py",))
+    assert plan.skip_reason(whole, where, "core/ExceptionReplacer", (3, 17)) == \
+        "a dotted name in an except tuple, which cosmic-ray cannot replace"
+    assert plan.skip_reason(whole, where, "core/ExceptionReplacer", (3, 8)) is None  # OSError
+    assert plan.skip_reason(whole, where, "core/ExceptionReplacer", (7, 7)) is None
+    assert plan.skip_reason(whole, where, "core/NumberReplacer", (3, 17)) is None
+
+
 def test_a_survivor_is_keyed_by_its_line_text() -> None:
     diff = ("--- mutation diff ---\n--- a/m.py\n+++ b/m.py\n@@ -1,3 +1,3 @@\n x = 1\n"
             "-    if a == b:\n+    if a != b:\n     pass\n")

@@ -73,6 +73,23 @@ def test_prefix_matches(expected: str, actual: str, min_parts: int, ok: bool) ->
     assert lib.prefix_matches(expected, actual, min_parts) is ok
 
 
+def test_prefix_matches_needs_major_and_minor_unless_told() -> None:
+    # the checks of Python, CUDA and NCCL versions call it with the default
+    assert lib.prefix_matches("12.6", "12.6.3")
+    assert not lib.prefix_matches("12", "12.4")
+
+
+def test_smokelib_finds_the_contract_one_level_up_as_in_the_image() -> None:
+    """In the image nothing puts the contract on sys.path: smokelib finds ptmg_contract.py beside
+    its own folder. (-I -S: neither this checkout's PYTHONPATH nor the virtualenv's site-packages.)"""
+    code = (f"import sys; sys.path.insert(0, {str(SMOKE_DIR)!r}); import smokelib; "
+            "print(smokelib.contract.__file__)")
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=30,
+                          check=False, cwd=SMOKE_DIR)
+    assert proc.returncode == 0, proc.stderr
+    assert Path(proc.stdout.strip()) == ROOT / "ptmg_contract.py"
+
+
 def test_version_tuple_rejects_garbage() -> None:
     with pytest.raises(ValueError, match="not a version"):
         lib.version_tuple("cpu")
@@ -81,6 +98,10 @@ def test_version_tuple_rejects_garbage() -> None:
 @pytest.mark.parametrize(("raw", "want"), [
     (90501, (9, 5, 1)), (92400, (9, 24, 0)), (91002, (9, 10, 2)), (8500, (8, 5, 0)), (8902, (8, 9, 2)),
     (7605, (7, 6, 5)),
+    (90000, (9, 0, 0)),    # cuDNN 9.0.0: the first number of the major*10000 scheme
+    (8005, (8, 0, 5)),     # cuDNN 8.0.5: the patch below the major
+    (99999, (9, 99, 99)),  # each scheme's largest minor and patch
+    (8999, (8, 9, 99)),
 ])
 def test_decode_cudnn(raw: int, want: tuple[int, int, int]) -> None:
     assert lib.decode_cudnn(raw) == want
@@ -88,6 +109,12 @@ def test_decode_cudnn(raw: int, want: tuple[int, int, int]) -> None:
 
 @pytest.mark.parametrize(("raw", "want"), [
     ((2, 26, 2), (2, 26, 2)), ([2, 14, 3], (2, 14, 3)), (21403, (2, 14, 3)), (2708, (2, 7, 8)), (23007, (2, 30, 7)),
+    (2803, (2, 8, 3)),     # NCCL 2.8.3, the last minor of the major*1000 scheme: the patch below the minor
+    (2000, (2, 0, 0)),     # the old scheme's first and last numbers for NCCL 2
+    (2899, (2, 8, 99)),
+    (20906, (2, 9, 6)),    # NCCL 2.9.6: from 2.9 on, the major*10000 scheme
+    (29999, (2, 99, 99)),  # the new scheme's largest minor and patch
+    (30000, (3, 0, 0)),    # a new major: NCCL's macro encodes 3.0.0 as 30000
 ])
 def test_decode_nccl(raw: Any, want: tuple[int, ...]) -> None:
     assert lib.decode_nccl(raw) == want
@@ -95,6 +122,10 @@ def test_decode_nccl(raw: Any, want: tuple[int, ...]) -> None:
 
 @pytest.mark.parametrize(("raw", "want"), [
     ("13000", (13, 0)), (12060, (12, 6)), ("11070", (11, 7)), ("12.6", (12, 6)), (None, None), ("", None),
+    (12090, (12, 9)),      # CUDA 12.9: the largest one-digit minor
+    (12990, (12, 99)),     # CUDA_VERSION's largest minor
+    (0, None), ("0", None),  # no CUDA
+    ("12.", (12, 0)),      # a dotted text with the major alone
 ])
 def test_decode_torchvision_cuda(raw: Any, want: tuple[int, int] | None) -> None:
     assert lib.decode_torchvision_cuda(raw) == want
@@ -249,6 +280,37 @@ def test_watchdog_leaves_a_progressing_run_alone() -> None:
     proc = _watchdog(deadline=0.5, steps=10, progress=True)  # 1 s in all, 0.1 s per phase
     assert proc.returncode == 0, proc.stderr
     assert "finished" in proc.stdout
+
+
+def _watchdog_run(body: str) -> subprocess.CompletedProcess[str]:
+    code = f"import sys, time\nsys.path.insert(0, {str(SMOKE_DIR)!r})\nimport ddp_watchdog\n" + textwrap.dedent(body)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+
+
+def test_watchdog_does_not_hold_a_failing_rank_open() -> None:
+    """A rank whose main thread fails before stop() exits with its own status at once: the watchdog
+    must not keep the process alive until its deadline and turn the failure into a 124 "hang"."""
+    proc = _watchdog_run("""
+        ddp_watchdog.Watchdog(1, 0.5, poll_s=0.05).start()
+        sys.exit(3)
+    """)
+    assert proc.returncode == 3, proc.stderr
+    assert "stuck" not in proc.stderr
+
+
+def test_watchdog_still_exits_124_when_its_diagnosis_fails() -> None:
+    proc = _watchdog_run("""
+        def diagnose():
+            raise ConnectionResetError("the store's host is gone")
+        dog = ddp_watchdog.Watchdog(2, 0.2, poll_s=0.05, diagnose=diagnose).start()
+        dog.phase("train")
+        time.sleep(10)
+        print("finished")
+    """)
+    assert proc.returncode == 124, proc.stderr
+    assert "rank 2 stuck in train" in proc.stderr
+    assert "rank 2: no diagnosis (the store's host is gone)" in proc.stderr
+    assert "finished" not in proc.stdout
 
 
 # --- builder.smoke: pure parts ---------------------------------------------------
