@@ -62,7 +62,7 @@ PLAN: tuple[Target, ...] = (
            only=("run",)),
     # The smoke verdicts, the GPU planning and the watchdog.
     Target("smoke_tests/ddp_plan.py", _SMOKE),
-    Target("smoke_tests/ddp_checks.py", ("tests/unit/test_gpu_path.py",)),
+    Target("smoke_tests/ddp_checks.py", ("tests/unit/test_gpu_path.py", "tests/unit/test_gpu_first_contact.py")),
     Target("smoke_tests/ddp_watchdog.py", _SMOKE),
     Target("smoke_tests/smokelib.py", _SMOKE),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).

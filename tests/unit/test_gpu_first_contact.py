@@ -269,6 +269,9 @@ def test_busbw_check_reads_the_largest_size_measured_not_requested() -> None:
     job = (None, result, "/tmp/ddp")
     with pytest.raises(AssertionError, match=r"largest size measured is 256 MiB .*1 GiB skipped"):
         checks.CHECKS["busbw-table"](job, smoke)
+    result["bench"]["skipped_sizes"] = []  # nothing skipped: the message says no such thing
+    with pytest.raises(AssertionError, match=r"largest size measured is 256 MiB; nccl-tests"):
+        checks.CHECKS["busbw-table"](job, smoke)
     result["busbw"].append(bench.busbw_row(1 << 30, [0.010, 0.011], 2))
     result["bench"]["skipped_sizes"] = []
     checks.CHECKS["busbw-table"](job, smoke)
