@@ -191,9 +191,13 @@ class _Builder:
                 log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
                             spec.name, spec.base_ref)
                 outcome = self._run_build(spec, dockerfile, log_path, True, context)
-        freed = self.engine.drop_build_contexts()  # ~3 GB per cell on disk otherwise, kept for nothing
-        if freed:
-            log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
+        try:  # ~3 GB per cell on disk otherwise, kept for nothing; the build stands either way
+            freed = self.engine.drop_build_contexts()
+        except EngineError as exc:
+            log.warning("%s: the build contexts stay in the build cache: %s", spec.name, exc)
+        else:
+            if freed:
+                log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,
                               message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)

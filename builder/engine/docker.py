@@ -154,15 +154,13 @@ class Engine:
             return False
         return True
 
+    @_translated
     def drop_build_contexts(self) -> int:
         """Drop the build contexts BuildKit keeps after its builds (a cell's holds its ~3 GB of
         wheels), never one a running build uses; the bytes freed. The layer cache stays whole: a
         step's cache key is the checksum of what it mounts, so the next build sends its context
         again (a local copy) and still reuses every unchanged layer."""
-        try:
-            out = self.client.api.prune_builds(filters={"type": "source.local"})
-        except docker.errors.APIError:
-            return 0
+        out = self.client.api.prune_builds(filters={"type": "source.local"})
         return int((out or {}).get("SpaceReclaimed") or 0)
 
     @_translated

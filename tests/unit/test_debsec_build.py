@@ -15,7 +15,7 @@ import pytest
 
 import ptmg_contract as contract
 from builder.build import orchestrate, os_snapshot
-from builder.engine import BuildOutcome, BuildRequest
+from builder.engine import BuildOutcome, BuildRequest, EngineError
 from builder.engine.model import RunResult
 from builder.spec import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
@@ -37,6 +37,7 @@ class FakeEngine:
         self.base_runs = 0
         self.removed: list[str] = []
         self.contexts_dropped = 0  # after how many builds the kept build contexts were dropped
+        self.prune_error: Exception | None = None
 
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
@@ -84,6 +85,8 @@ class FakeEngine:
         return True
 
     def drop_build_contexts(self) -> int:
+        if self.prune_error is not None:
+            raise self.prune_error
         self.contexts_dropped = len(self.builds)
         return 3_200_000_000
 
@@ -158,6 +161,14 @@ def test_a_build_drops_the_build_contexts_it_leaves_and_a_skip_touches_nothing(s
     assert build(engine, spec, tmp_path, mirror).status == "built" and engine.contexts_dropped == 1
     engine.contexts_dropped = 0
     assert build(engine, spec, tmp_path, mirror).status == "skipped" and engine.contexts_dropped == 0
+
+
+def test_a_build_stands_when_its_contexts_cannot_be_dropped(spec: ImageSpec, tmp_path: Path,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    engine = FakeEngine(spec)
+    engine.prune_error = EngineError("the Docker engine stopped answering (drop_build_contexts): reset")
+    assert build(engine, spec, tmp_path, Mirror()).status == "built"
+    assert "the build contexts stay in the build cache" in caplog.text
 
 
 def test_the_override_forces_a_rebuild(spec: ImageSpec, tmp_path: Path) -> None:
