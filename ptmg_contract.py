@@ -44,7 +44,8 @@ OCI_REVISION = "org.opencontainers.image.revision"
 # --- the OS patch level -----------------------------------------------------------
 #: The base's apt suites, space-separated (`build.py base` writes it on a bootstrapped base).
 LABEL_BASE_APT_SUITES = label("base.apt-suites")
-#: When the OS layer last ran `apt-get upgrade` (UTC, ISO 8601), read from OS_PATCH_FILE.
+#: The archive state the OS layer's `apt-get upgrade` applied: the newest Release date of the suites apt
+#: read (UTC, ISO 8601), read from OS_PATCH_FILE. Not the build's clock: one snapshot, one value.
 LABEL_OS_UPDATED = label("os.updated")
 #: The suites apt saw then, with their Release dates: "bookworm@2026-07-11T10:16:37Z ...".
 LABEL_OS_SUITES = label("os.suites")
