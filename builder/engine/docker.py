@@ -1,11 +1,10 @@
 """The only module that talks to the Docker engine (through the Docker SDK).
 
-Everything else in ``builder`` is pure and works on plain data; it reaches the engine
-through an :class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes:
-containers and networks come back as opaque handles (:mod:`builder.engine.model`), and
-every SDK or HTTP error is translated into :class:`EngineError` (exit 1, with the fix).
-BuildKit builds go through a CLI (:mod:`builder.engine.buildkit`); the classic builder
-through the SDK.
+Everything else in ``builder`` is pure and works on plain data; it reaches the engine through an
+:class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes: containers and networks
+come back as opaque handles (:mod:`builder.engine.model`), and every SDK or HTTP error is translated
+into :class:`EngineError` (exit 1, with the fix). BuildKit builds go through a CLI
+(:mod:`builder.engine.buildkit`); the classic builder through the SDK.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import requests
+import urllib3
 
 from builder.common.lazy import OnFirstUse
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
@@ -42,22 +42,23 @@ else:  # the SDK (with paramiko, where installed) takes ~0.2 s to import, and mo
     docker = OnFirstUse("docker", "docker.errors")
 
 
+@contextlib.contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """SDK and HTTP errors (a stream's too) leave as EngineError, named after the operation."""
+    try:
+        yield
+    except docker.errors.DockerException as exc:
+        why = getattr(exc, "explanation", None) or exc
+        raise EngineError(f"the Docker engine refused {what}: {why}") from None
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise EngineError(f"the Docker engine stopped answering ({what}): {exc}") from None
+
+
 def _translated(fn: F) -> F:
-    """SDK and HTTP errors leave as EngineError, named after the operation."""
-
-    @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with _errors(fn.__name__.strip("_")):
             return fn(*args, **kwargs)
-        except EngineError:
-            raise
-        except docker.errors.DockerException as exc:
-            why = getattr(exc, "explanation", None) or exc
-            raise EngineError(f"the Docker engine refused {fn.__name__.strip('_')}: {why}") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineError(f"the Docker engine stopped answering ({fn.__name__.strip('_')}): {exc}") from None
-
-    return wrapper  # type: ignore[return-value]
+    return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
 
 
 class Engine:
@@ -104,6 +105,11 @@ class Engine:
 
     def image_size(self, ref: str) -> int:
         return int(self._attrs(ref).get("Size", 0))
+
+    def save(self, ref: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+        """`docker save` of one image (ID or reference), streamed in chunks; a failure mid-stream too is EngineError."""
+        with _errors("save"):
+            yield from self.client.api.get_image(ref, chunk_size=chunk_size)
 
     @_translated
     def image_history(self, ref: str) -> list[dict[str, Any]]:
