@@ -1,0 +1,111 @@
+"""A private, throwaway Docker engine that only pulls: Debian's Docker 28 (the binaries
+scripts/engine28.sh fetches into $PTMG_E28_HOME), with a data-root, exec-root, socket and
+managed containerd of its own, no bridge and no iptables rules. Nothing of the system engine or of
+the second engine (scripts/engine28.sh's, /run/ptmg-e28) is shared or touched; no container runs.
+
+Why it exists: the system engine is Docker 20.10, which can't unpack zstd layers (moby added zstd
+decompression in 23.0), and it holds every layer of the cells already, so a pull there of a cell
+image finds the image and downloads nothing. A fresh engine pulls for real, gzip and zstd alike.
+
+    with PullEngine(tmp_path) as engine:
+        engine.docker("pull", "127.0.0.1:5000/ns/img@sha256:...")
+        engine.image_id("127.0.0.1:5000/ns/img@sha256:...")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+from types import TracebackType
+
+from tests.support import wait_until
+
+E28_HOME = Path(os.environ.get("PTMG_E28_HOME", "/var/cache/pt-multi-gpu/engine28"))
+DOCKER_CLI = "/usr/bin/docker"
+FIX = (f"the pull engine runs Debian's Docker 28 from {E28_HOME}/root (usr/sbin/dockerd, usr/bin/containerd), "
+       "which is missing. Fix: `scripts/engine28.sh start overlay2` once (it fetches them; then "
+       "`scripts/engine28.sh stop`), or set PTMG_E28_HOME to where they are")
+
+
+class PullEngine:
+    def __init__(self, workdir: Path) -> None:
+        self.root = E28_HOME / "root"
+        self.data = workdir / "pull-engine-data"
+        self.run_dir = Path(f"/run/ptmg-pull-{uuid.uuid4().hex[:8]}")  # a short path: a socket's limit is 108
+        self.host = f"unix://{self.run_dir}/docker.sock"
+        self.log = workdir / "pull-engine.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> PullEngine:
+        dockerd = self.root / "usr/sbin/dockerd"
+        if not dockerd.exists() or not (self.root / "usr/bin/containerd").exists():
+            raise RuntimeError(FIX)
+        self.run_dir.mkdir(mode=0o700)
+        self.data.mkdir(parents=True)
+        config = self.run_dir / "daemon.json"
+        config.write_text(json.dumps({"features": {"containerd-snapshotter": False}}))  # the classic store
+        argv = [str(dockerd), "--config-file", str(config), "--data-root", str(self.data),
+                "--exec-root", str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "dockerd.pid"),
+                "-H", self.host, "--bridge=none", "--iptables=false", "--ip6tables=false"]
+        env = {**os.environ, "PATH": f"{self.root}/usr/bin:{self.root}/usr/sbin:{os.environ.get('PATH', '')}"}
+        with self.log.open("ab") as log:  # its own process group: the stop reaches it and its containerd only
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+        def answers() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the pull engine's dockerd exited {self.proc.returncode}: {self.log_tail()}")
+            return self.docker("version", "--format", "{{.Server.Version}}", check=False).returncode == 0
+
+        wait_until(answers, timeout=60, what="the pull engine")
+        return self
+
+    def docker(self, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "DOCKER_HOST": self.host}
+        r = subprocess.run([DOCKER_CLI, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        if check and r.returncode != 0:
+            raise RuntimeError(f"docker {' '.join(args)} on the pull engine: exit {r.returncode}: {r.stderr[-2000:]}")
+        return r
+
+    def image_id(self, ref: str) -> str:
+        return self.docker("image", "inspect", "--format", "{{.Id}}", ref).stdout.strip()
+
+    def version(self) -> str:
+        return self.docker("version", "--format", "{{.Server.Version}}").stdout.strip()
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        """SIGTERM to its process group (dockerd and the containerd it runs), then its folders go."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+        mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+                  if line.split()[1].startswith((str(self.data), str(self.run_dir)))]
+        for point in sorted(mounts, reverse=True):  # none when it stopped cleanly; never leave one behind
+            subprocess.run(["umount", "-l", point], check=False)
+        shutil.rmtree(self.data, ignore_errors=True)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def __enter__(self) -> PullEngine:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
