@@ -1,7 +1,12 @@
 """A private, throwaway Docker engine that only pulls: Debian's Docker 28 (the binaries
-scripts/engine28.sh fetches into $PTMG_E28_HOME), with a data-root, exec-root, socket and
-managed containerd of its own, no bridge and no iptables rules. Nothing of the system engine or of
-the second engine (scripts/engine28.sh's, /run/ptmg-e28) is shared or touched; no container runs.
+scripts/engine28.sh fetches into $PTMG_E28_HOME), with a data-root, exec-root, socket, managed
+containerd and bridge of its own, and no iptables rules or forwarding settings. Nothing of the system
+engine or of the second engine (scripts/engine28.sh's, /run/ptmg-e28) is shared or touched; no
+container runs.
+
+Never ``--bridge=none``: a dockerd started with it deletes the host's ``docker0`` interface (moby's
+removeDefaultBridgeInterface), which is the system engine's default bridge. This engine gets a
+bridge of its own instead (``ptmgpull<hex>`` on a free 10.213.x.0/24), deleted when it stops.
 
 Why it exists: the system engine is Docker 20.10, which can't unpack zstd layers (moby added zstd
 decompression in 23.0), and it holds every layer of the cells already, so a pull there of a cell
@@ -40,6 +45,16 @@ class PullEngine:
         self.host = f"unix://{self.run_dir}/docker.sock"
         self.log = workdir / "pull-engine.log"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.bridge = f"ptmgpull{uuid.uuid4().hex[:6]}"  # an interface name has at most 15 characters
+        self.bridge_made = False
+
+    def _bridge_up(self) -> None:
+        routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True).stdout
+        octet = next(n for n in range(100, 200) if f"10.213.{n}." not in routes)
+        subprocess.run(["ip", "link", "add", self.bridge, "type", "bridge"], check=True)
+        self.bridge_made = True
+        subprocess.run(["ip", "addr", "add", f"10.213.{octet}.1/24", "dev", self.bridge], check=True)
+        subprocess.run(["ip", "link", "set", self.bridge, "up"], check=True)
 
     def start(self) -> PullEngine:
         dockerd = self.root / "usr/sbin/dockerd"
@@ -49,9 +64,11 @@ class PullEngine:
         self.data.mkdir(parents=True)
         config = self.run_dir / "daemon.json"
         config.write_text(json.dumps({"features": {"containerd-snapshotter": False}}))  # the classic store
+        self._bridge_up()
         argv = [str(dockerd), "--config-file", str(config), "--data-root", str(self.data),
                 "--exec-root", str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "dockerd.pid"),
-                "-H", self.host, "--bridge=none", "--iptables=false", "--ip6tables=false"]
+                "-H", self.host, f"--bridge={self.bridge}", "--iptables=false", "--ip6tables=false",
+                "--ip-forward=false", "--ip-masq=false"]
         env = {**os.environ, "PATH": f"{self.root}/usr/bin:{self.root}/usr/sbin:{os.environ.get('PATH', '')}"}
         with self.log.open("ab") as log:  # its own process group: the stop reaches it and its containerd only
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -85,7 +102,7 @@ class PullEngine:
             return ""
 
     def stop(self) -> None:
-        """SIGTERM to its process group (dockerd and the containerd it runs), then its folders go."""
+        """SIGTERM to its process group (dockerd and the containerd it runs), then its folders and bridge go."""
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
@@ -99,6 +116,9 @@ class PullEngine:
             subprocess.run(["umount", "-l", point], check=False)
         shutil.rmtree(self.data, ignore_errors=True)
         shutil.rmtree(self.run_dir, ignore_errors=True)
+        if self.bridge_made:
+            subprocess.run(["ip", "link", "del", self.bridge], check=False)
+            self.bridge_made = False
 
     def __enter__(self) -> PullEngine:
         try:
