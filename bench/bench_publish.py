@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,7 +80,12 @@ def publish(config: Path, cell: str, registry: LocalRegistry, compression: str, 
     t0 = time.monotonic()
     with log.open("w") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=out)
-        _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB)
+        try:
+            _pid, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB)
+        except BaseException:  # interrupted: the publish goes too, then the caller cleans up
+            proc.kill()
+            proc.wait()
+            raise
     seconds = time.monotonic() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
@@ -87,6 +93,14 @@ def publish(config: Path, cell: str, registry: LocalRegistry, compression: str, 
                          f"{log.read_text()[-4000:]}")
     report = json.loads((report_dir / "publish-report.json").read_text())
     return report, seconds, usage.ru_maxrss * 1024
+
+
+def check_disk(need: int, floor: int) -> None:
+    free = shutil.disk_usage("/var/tmp").free
+    if free - need < floor:
+        raise SystemExit(f"bench_publish needs ~{need / 1e9:.0f} GB for a while (the registry's copy, the pulled "
+                         f"image, a save's temporary copy) and {floor / 1e9:.0f} GB left over; {free / 1e9:.0f} GB "
+                         "are free: free some space or lower --min-free-gb")
 
 
 def measure(compression: str, config: Path, cell_name: str, repo: str, image_id: str, work: Path,
@@ -139,7 +153,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--cell", default=CELL)
     ap.add_argument("--compression", default="gzip,zstd")
+    ap.add_argument("--min-free-gb", type=float, default=20.0, help="disk to leave free at the peak (default 20)")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still runs the cleanup below
     client = docker.from_env(timeout=600)
     image = client.images.get(f"pt-multi-gpu:{a.cell}")
     repo = f"ptmg-bench-{uuid.uuid4().hex[:8]}"
@@ -157,6 +173,7 @@ def main() -> int:
     results = []
     try:
         for compression in a.compression.split(","):
+            check_disk(int(2.2 * image.attrs["Size"]), int(a.min_free_gb * 1e9))
             print(f"measuring {compression} ...", file=sys.stderr)
             results.append(measure(compression, config, a.cell, repo, str(image.id), work, env))
             print(f"  {results[-1]}", file=sys.stderr)
