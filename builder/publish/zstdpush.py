@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol, cast
 
+from builder.common.log import human_size, log
 from builder.engine import EngineError
 from builder.publish.client import OCI_MANIFEST
 from builder.publish.faults import Fault, push_fault
@@ -199,7 +200,7 @@ class _Hashing(io.RawIOBase):
     """Reads ``stream``, hashing every byte read (the plain tar's diff_id)."""
 
     def __init__(self, stream: IO[bytes]) -> None:
-        self.stream, self.sha = stream, hashlib.sha256()
+        self.stream, self.sha, self.size = stream, hashlib.sha256(), 0
 
     def readable(self) -> bool:
         return True
@@ -208,6 +209,7 @@ class _Hashing(io.RawIOBase):
         data = self.stream.read(len(b))
         b[: len(data)] = data
         self.sha.update(data)
+        self.size += len(data)
         return len(data)
 
     def digest(self) -> str:
@@ -278,6 +280,7 @@ class ZstdPusher:
                 if reader.digest() != hit.diff_id:
                     raise SaveError(f"{name} hashes to {reader.digest()} now, and to {hit.diff_id} when it was sent")
                 tracker.existing.append(_short(hit.digest))
+                log.info("  layer %s: already there", _short(hit.digest))
                 return hit
             blob = self._upload(name, raw)
             self.known[name] = blob
@@ -327,4 +330,5 @@ class ZstdPusher:
         got = self.registry.upload_blob(chunks(), lambda: "sha256:" + sha.hexdigest())
         if isinstance(got, Fault):
             raise _Stop(got)
+        log.info("  layer %s: sent (%s, zstd %s)", _short(got), human_size(tar.size), human_size(size))
         return Blob(tar.digest(), got, size)
