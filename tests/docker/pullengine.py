@@ -82,9 +82,11 @@ class PullEngine:
         wait_until(answers, timeout=60, what="the pull engine")
         return self
 
-    def docker(self, *args: str, timeout: float = 1800, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def docker(self, *args: str, timeout: float = 1800, check: bool = True,
+               stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "DOCKER_HOST": self.host}
-        r = subprocess.run([DOCKER_CLI, *args], env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        r = subprocess.run([DOCKER_CLI, *args], env=env, input=stdin, capture_output=True, text=True, timeout=timeout,
+                           check=False)
         if check and r.returncode != 0:
             raise RuntimeError(f"docker {' '.join(args)} on the pull engine: exit {r.returncode}: {r.stderr[-2000:]}")
         return r
