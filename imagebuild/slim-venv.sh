@@ -25,6 +25,9 @@
 #     .debug_*); .symtab stays, so backtraces keep function names. Needs binutils (g++ brings it).
 #  6. Identical files (pip copies of symlinked libraries, duplicated static assets, licences)
 #     become hard links: the same bytes counted once in the layer.
+#  7. uv's install record of each distribution (`*.dist-info/uv_cache.json`: the install's
+#     wall-clock time, for uv's own staleness check of path installs) and its line in RECORD:
+#     without them two builds of one lock give the same files (`build.py repro`).
 set -euo pipefail
 
 strip_triton=0
@@ -60,6 +63,12 @@ fi
 find "$sp" -mindepth 2 -type d \( -name tests -o -name test \) \
     -not -path "$sp/torch/*" -not -path "$sp/jupyterlab/tests" -not -path "$sp/jedi/third_party/*" \
     -prune -exec rm -rf {} +
+find "$sp" -mindepth 2 -maxdepth 2 -type f -path '*.dist-info/uv_cache.json' -print0 |
+    while IFS= read -r -d '' record; do
+        rm -f "$record"
+        dist=${record%/uv_cache.json}
+        if [[ -f $dist/RECORD ]]; then sed -i '/^[^,]*\.dist-info\/uv_cache\.json,/d' "$dist/RECORD"; fi
+    done
 if command -v hardlink >/dev/null; then
     # -t: contents decide (not mtimes); modes and owners must still match. Only this RUN's files.
     find "$venv" -type f -size +4k "${newer[@]}" -print0 | xargs -0 -r hardlink -q -t >/dev/null || true

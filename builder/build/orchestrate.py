@@ -115,15 +115,52 @@ class _Builder:
             return self.engine.image_id(spec.base_ref)
 
     def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool,
-                   context: Path) -> BuildOutcome:
+                   context: Path, oci_dest: Path | None = None, epoch: int | None = None) -> BuildOutcome:
         with secret_files(self.cfg.build_env) as secrets:
             req = BuildRequest(context, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
                                secrets, log_path, no_cache,
-                               platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform)
+                               platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform,
+                               oci_dest=oci_dest, source_date_epoch=epoch)
             snap = self._os.get(spec.name)
             if snap is not None and snap.key:  # the OS layer's cache key; never in the Dockerfile
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
             return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
+
+    def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path,
+                   epoch_of: Callable[[Snapshot], int | None]) -> tuple[BuildOutcome, Snapshot, int]:
+        """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the epoch
+        ``epoch_of`` gives for the Debian snapshot (`build.py repro`); the engine's images are untouched."""
+        (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
+        render.write([rendered])
+        files = context_files(self.cfg.root)
+        lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)
+        snap = self.snapshots.for_base(spec.base, spec.os, spec.arch, None, spec.ref)
+        epoch = epoch_of(snap)
+        if epoch is None:
+            raise StepFailed(f"{spec.name}: the Debian archive's state is not known ({snap.describe()}), so there "
+                             "is no SOURCE_DATE_EPOCH to build with; a reproducible build needs the mirrors")
+        self._os[spec.name] = snap
+        self.base_id(spec)
+        self._check_sources(spec.base_ref, spec.os)
+        before = self.engine.build_records()
+        with self.slots.slot() as context:
+            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
+                           self.cfg.wheel_store)
+            outcome = self._run_build(spec, rendered.path, log_path, True, context, dest, epoch)
+        self._drop_contexts(spec)
+        # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
+        freed = self.engine.drop_build_records(self.engine.build_records() - before)
+        log.info("%s: dropped this build's %.1f GB of layer records from the build cache", spec.name, freed / 1e9)
+        return outcome, snap, epoch
+
+    def _drop_contexts(self, spec: ImageSpec) -> None:
+        try:  # ~3 GB per cell on disk otherwise, kept for nothing; the build stands either way
+            freed = self.engine.drop_build_contexts()
+        except EngineError as exc:
+            log.warning("%s: the build contexts stay in the build cache: %s", spec.name, exc)
+        else:
+            if freed:
+                log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
 
     def _check_sources(self, ref: str, release: str) -> None:
         """The base lists the release's -updates and -security suites (BaseError with the fix); once per base."""
@@ -191,16 +228,10 @@ class _Builder:
                 log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
                             spec.name, spec.base_ref)
                 outcome = self._run_build(spec, dockerfile, log_path, True, context)
-        try:  # ~3 GB per cell on disk otherwise, kept for nothing; the build stands either way
-            freed = self.engine.drop_build_contexts()
-        except EngineError as exc:
-            log.warning("%s: the build contexts stay in the build cache: %s", spec.name, exc)
-        else:
-            if freed:
-                log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
+        self._drop_contexts(spec)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,
-                              message=_failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
+                              message=failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
         probed = probe(self.engine, outcome.image_id, emulated=spec.emulated)
         mismatches = check_probe(spec, probed)
         if mismatches:
@@ -220,11 +251,18 @@ class _Builder:
                           f"{outcome.builder}", log_path)
 
 
-def _failure_text(step: str, tail: Sequence[str], log_path: Path) -> str:
+def failure_text(step: str, tail: Sequence[str], log_path: Path) -> str:
     lines = [f"failed step: {step}" if step else "the build failed", "last lines:"]
     lines += [f"  | {t}" for t in tail[-30:]]
     lines.append(f"full log: {log_path}")
     return "\n".join(lines)
+
+
+def export_reproducible(engine: Engine, spec: ImageSpec, cfg: BuildConfig, dest: Path, log_path: Path,
+                        epoch_of: Callable[[Snapshot], int | None],
+                        on_line: Callable[[str, str], None]) -> tuple[BuildOutcome, Snapshot, int]:
+    """One uncached build of ``spec`` into the OCI layout folder ``dest`` (see :meth:`_Builder.export_oci`)."""
+    return _Builder(engine, cfg, on_line).export_oci(spec, dest, log_path, epoch_of)
 
 
 def build_all(engine: Engine, cells: Sequence[ImageSpec], cfg: BuildConfig,

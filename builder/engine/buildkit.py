@@ -164,10 +164,12 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
     """`docker build` through a BuildKit CLI, streaming every line to the log and `on_line`."""
     with tempfile.TemporaryDirectory(prefix="ptmg-build-") as tmp:
         iidfile, metadata = Path(tmp) / "iid", Path(tmp) / "metadata.json"
-        argv = [cli.path, *cli.argv_prefix, "--progress=plain", "--pull=false",
+        argv = [cli.path, *_prefix(cli, req), "--progress=plain", "--pull=false",
                 "--file", str(req.dockerfile), "--iidfile", str(iidfile)]
         if cli.buildx:
             argv += ["--metadata-file", str(metadata)]
+        if req.source_date_epoch is not None:
+            argv += ["--build-arg", f"SOURCE_DATE_EPOCH={req.source_date_epoch}"]
         if req.no_cache:
             argv.append("--no-cache")
         if req.platform:
@@ -197,14 +199,33 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
                     failed_step = line.strip()
                 on_line(line)
             code = proc.wait()
+        if req.oci_dest is not None:  # nothing is loaded: the layout folder is the result
+            done = code == 0 and (req.oci_dest / "index.json").is_file()
+            return BuildOutcome(done, _metadata(metadata, "containerimage.config.digest") if done else None,
+                                "buildkit", "" if done else failed_step or f"docker buildx build exited {code}",
+                                () if done else tuple(tail), _metadata(metadata, "containerimage.digest"))
         if code != 0 or not iidfile.exists():
             return BuildOutcome(False, None, "buildkit", failed_step or f"docker build exited {code}", tuple(tail))
-        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit", manifest_digest=_manifest_digest(metadata))
+        return BuildOutcome(True, iidfile.read_text().strip(), "buildkit",
+                            manifest_digest=_metadata(metadata, "containerimage.digest"))
 
 
-def _manifest_digest(metadata: Path) -> str | None:
+def _prefix(cli: BuildkitCli, req: BuildRequest) -> tuple[str, ...]:
+    """The CLI's build verb and its output: the engine's image store (`--load`), or for a reproducible
+    export an OCI layout folder with every timestamp clamped to SOURCE_DATE_EPOCH."""
+    if req.oci_dest is None:
+        return cli.argv_prefix
+    if not cli.buildx:
+        raise ValueError("an OCI export needs the buildx CLI")  # callers check builder.build.repro's needs first
+    out = f"type=oci,tar=false,dest={req.oci_dest},rewrite-timestamp=true"
+    return (*(a for a in cli.argv_prefix if a != "--load"), "--output", out)
+
+
+def _metadata(metadata: Path, key: str) -> str | None:
+    """A digest buildx wrote to its metadata file (containerimage.digest: the manifest's,
+    containerimage.config.digest: the config's), or None."""
     try:
-        digest = json.loads(metadata.read_text()).get("containerimage.digest")
+        digest = json.loads(metadata.read_text()).get(key)
     except (OSError, ValueError, AttributeError):
         return None
     return str(digest) if isinstance(digest, str) and digest.startswith("sha256:") else None

@@ -1,4 +1,5 @@
-"""The only module that talks to the Docker engine (through the Docker SDK).
+"""The Docker engine, through the Docker SDK (with :mod:`builder.engine.buildcache`, its build cache, and
+:mod:`builder.engine.translate`, which turns every SDK error into :class:`EngineError`).
 
 Everything else in ``builder`` is pure and works on plain data; it reaches the engine through an
 :class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes: containers and networks
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import io
 import os
 import re
@@ -19,49 +19,20 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 import requests
-import urllib3
 
-from builder.common.lazy import OnFirstUse
+from builder.engine.buildcache import BuildCache
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.capabilities import CONTAINERD, Store, image_store
 from builder.engine.client import connect, env_file_has_values, quote_value
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
+from builder.engine.translate import _errors, _translated, docker
 from ptmg_contract import PROJECT_LABEL
 
-F = TypeVar("F", bound=Callable[..., Any])
 
-
-if TYPE_CHECKING:
-    import docker
-    import docker.errors
-else:  # the SDK (with paramiko, where installed) takes ~0.2 s to import, and most runs of build.py
-    # never reach the engine (matrix, render, lock --check, launch, every bad input)
-    docker = OnFirstUse("docker", "docker.errors")
-
-
-@contextlib.contextmanager
-def _errors(what: str) -> Iterator[None]:
-    """SDK and HTTP errors (a stream's too) leave as EngineError, named after the operation."""
-    try:
-        yield
-    except docker.errors.DockerException as exc:
-        why = getattr(exc, "explanation", None) or exc
-        raise EngineError(f"the Docker engine refused {what}: {why}") from None
-    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
-        raise EngineError(f"the Docker engine stopped answering ({what}): {exc}") from None
-
-
-def _translated(fn: F) -> F:
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with _errors(fn.__name__.strip("_")):
-            return fn(*args, **kwargs)
-    return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
-
-
-class Engine:
+class Engine(BuildCache):
     """A thin, typed facade over the Docker SDK client. Every public method translates errors."""
 
     def __init__(self, client: Any = None, labels: Mapping[str, str] | None = None) -> None:
@@ -161,15 +132,6 @@ class Engine:
         return True
 
     @_translated
-    def drop_build_contexts(self) -> int:
-        """Drop the build contexts BuildKit keeps after its builds (a cell's holds its ~3 GB of
-        wheels), never one a running build uses; the bytes freed. The layer cache stays whole: a
-        step's cache key is the checksum of what it mounts, so the next build sends its context
-        again (a local copy) and still reuses every unchanged layer."""
-        out = self.client.api.prune_builds(filters={"type": "source.local"})
-        return int((out or {}).get("SpaceReclaimed") or 0)
-
-    @_translated
     def pull(self, ref: str, platform: str | None = None) -> str | None:
         """Pull an image (for ``platform``, e.g. linux/arm64; default the host's); the error text on
         failure, None on success."""
@@ -221,6 +183,8 @@ class Engine:
         req.log_path.parent.mkdir(parents=True, exist_ok=True)
         if cli is not None:  # the containerd store names the image by its manifest's digest, not the iidfile's
             out = build_with_cli(req, on_line, cli)
+            if req.oci_dest is not None:  # exported, not loaded: its ID is its config digest
+                return out
             ok = out.ok and out.manifest_digest and self.store().kind == CONTAINERD
             return dataclasses.replace(out, image_id=out.manifest_digest) if ok else out
         return self._build_classic(req, on_line)

@@ -51,6 +51,11 @@ class BuildRequest:
     no_cache: bool = False
     build_args: Mapping[str, str] = field(default_factory=dict)  # --build-arg NAME=VALUE (never secrets)
     platform: str | None = None  # --platform, e.g. linux/arm64 (BuildKit; emulated when not the host's)
+    #: Reproducible export (buildx only): write an OCI layout folder here instead of loading the image
+    #: into the engine, with SOURCE_DATE_EPOCH for the config and history and every file's timestamp in
+    #: the layers clamped to it (the exporter's rewrite-timestamp; BuildKit >= 0.13).
+    oci_dest: Path | None = None
+    source_date_epoch: int | None = None
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,10 @@ INSTALL_LAYERS = ("torch", "tools", "devel")
 #: Any fixed value: with it, the .pyc files uv compiles are hash-checked (not timestamped), so two
 #: builds from one lock give byte-identical files (1980-01-01, the zip epoch).
 SOURCE_DATE_EPOCH = "315532800"
+#: What apt, dpkg and ldconfig leave behind in a layer that installs packages: their logs carry the
+#: build's wall-clock time and ldconfig's aux-cache the files' ctimes. Each such RUN deletes them, so
+#: two builds of one Debian snapshot give the same layer (`build.py repro`).
+BUILD_LOGS = "/var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache"
 
 
 def stage_paths() -> dict[str, object]:
@@ -183,6 +187,7 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         slim_args=slim_args(spec),
         stage=stage_paths(),
         source_date_epoch=SOURCE_DATE_EPOCH,
+        build_logs=BUILD_LOGS,
         extra_pip=bool(spec.pip),
         env=image_env(spec),
         labels=static_labels(spec),

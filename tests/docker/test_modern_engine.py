@@ -126,6 +126,33 @@ def test_the_engine_is_what_the_test_asked_for(modern: Modern) -> None:
     assert f"image store: {'containerd' if modern.store == 'containerd' else 'classic'}" in out, out
 
 
+def test_repro_builds_twice_from_scratch_and_the_digests_match(modern: Modern) -> None:
+    """`build.py repro CELL` exactly as a user types it: in the containerd store two uncached builds give one
+    manifest digest (exit 0); the classic store, whose docker driver exports no OCI layout, gets one line
+    with the fix (exit 2). First in the module: the cell's image is not there yet, so the peak is the
+    repro's own (its builds' layer records are dropped after each)."""
+    logs = modern.tmp / "repro-logs"
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, str(ROOT / "build.py"), "repro", CELL], cwd=ROOT,
+                       env={**modern.env, "PTMG_LOG_DIR": str(logs)}, capture_output=True, text=True, timeout=3600,
+                       check=False)
+    TIMES[f"{modern.store} build.py repro"] = time.monotonic() - t0
+    if modern.store != "containerd":
+        lines = [line for line in p.stderr.splitlines() if line.strip()]
+        assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
+        assert "containerd image store" in lines[0] and "Fix:" in lines[0] and "Traceback" not in p.stderr
+        return
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    report = json.loads((logs / f"{CELL}.repro.json").read_text())
+    (a, b) = report["builds"]
+    assert report["same"] and a["manifest"] == b["manifest"] and a["config"] == b["config"], report
+    assert f"bit-identical ({a['manifest']})" in p.stdout and p.stdout.count(a["manifest"]) >= 3, p.stdout
+    # Nothing of the two builds stays in the engine: no image, no layer record (the cache mounts may).
+    assert not modern.client.images.list(name="pt-multi-gpu")
+    records = [r for r in modern.client.df().get("BuildCache") or [] if r.get("Type") == "regular"]
+    assert sum(int(r.get("Size") or 0) for r in records) < 1e9, records
+
+
 def test_cell_builds_then_make_images_skips_it(modern: Modern) -> None:
     p = modern.build_py("build", "--only", CELL, timeout=3600)
     assert p.returncode == 0, p.stderr[-4000:]

@@ -4,6 +4,7 @@ BuildKit level, and the one-line refusals (no buildx, unknown store)."""
 
 from __future__ import annotations
 
+import dataclasses
 import stat
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 from builder.common.versions import Version
 from builder.engine import buildkit, capabilities
 from builder.engine.capabilities import CLASSIC, CONTAINERD, UNKNOWN
+from builder.engine.model import BuildRequest
 
 # `docker info` as each engine answers it (trimmed to the fields asked).
 INFO_2010 = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
@@ -118,10 +120,25 @@ def test_a_buildx_build_is_named_by_what_the_store_calls_an_image(
     assert engine.build(req, lambda _l: None, cli).image_id == want
 
 
-def test_the_metadata_file_gives_the_manifest_digest(tmp_path: Path) -> None:
+def test_the_metadata_file_gives_the_manifest_and_config_digests(tmp_path: Path) -> None:
     meta = tmp_path / "m.json"
     meta.write_text('{"containerimage.config.digest": "sha256:c", "containerimage.digest": "sha256:m"}')
-    assert buildkit._manifest_digest(meta) == "sha256:m"
-    assert buildkit._manifest_digest(tmp_path / "absent.json") is None
+    assert buildkit._metadata(meta, "containerimage.digest") == "sha256:m"
+    assert buildkit._metadata(meta, "containerimage.config.digest") == "sha256:c"
+    assert buildkit._metadata(tmp_path / "absent.json", "containerimage.digest") is None
     meta.write_text("[]")
-    assert buildkit._manifest_digest(meta) is None
+    assert buildkit._metadata(meta, "containerimage.digest") is None
+
+
+def test_a_reproducible_export_writes_an_oci_folder_with_clamped_timestamps(tmp_path: Path) -> None:
+    """Not --load (Docker 28's image exporter refuses rewrite-timestamp with its forced unpack):
+    an OCI layout folder, every timestamp clamped to SOURCE_DATE_EPOCH."""
+    req = BuildRequest(tmp_path, tmp_path / "Dockerfile", {}, {}, tmp_path / "log", oci_dest=tmp_path / "oci",
+                       source_date_epoch=1764547200)
+    cli = buildkit.BuildkitCli("/x/docker", buildkit.BUILDX_ARGS, {})
+    argv = buildkit._prefix(cli, req)
+    assert "--load" not in argv
+    assert argv[argv.index("--output") + 1] == f"type=oci,tar=false,dest={tmp_path / 'oci'},rewrite-timestamp=true"
+    assert buildkit._prefix(cli, dataclasses.replace(req, oci_dest=None)) == buildkit.BUILDX_ARGS
+    with pytest.raises(ValueError):
+        buildkit._prefix(buildkit.BuildkitCli("/usr/bin/docker", ("build",), {}), req)

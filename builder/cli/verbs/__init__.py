@@ -13,11 +13,12 @@ from builder.cli.verbs import (
                                matrix,
                                publish,
                                render,
+                               repro,
                                sbom,
                                test,
 )
 
 VERBS: tuple[Verb, ...] = (matrix.VERB, render.VERB, lock.VERB, build.VERB, base.VERB, test.VERB, sbom.VERB,
-                           export.VERB, audit.VERB, diff.VERB, publish.VERB, launch.VERB, doctor.VERB)
+                           export.VERB, repro.VERB, audit.VERB, diff.VERB, publish.VERB, launch.VERB, doctor.VERB)
 
 __all__ = ["VERBS", "Verb"]

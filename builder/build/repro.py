@@ -1,0 +1,234 @@
+"""`build.py repro CELL`: is the cell's image bit-identical when built again from scratch?
+
+Two uncached builds of the cell, each exported as an OCI layout (the exporter's rewrite-timestamp
+clamps every file's timestamp in the layers to SOURCE_DATE_EPOCH; the config's and the history's
+``created`` are SOURCE_DATE_EPOCH too). Same lock, same base image, same Debian snapshot: the
+manifest digests must be equal. When they are not, the layers that differ are read side by side and
+the files that differ are named (path, and what differs: content, mode, owner, size, link, time).
+With ``--against DIGEST`` one build is compared with a digest printed by an earlier run, on this
+machine or another (docs/supply-chain.md).
+
+SOURCE_DATE_EPOCH is the Debian snapshot's newest Release date (:func:`epoch_of`): the same for every
+build of one snapshot, and a real date (the archive state the OS layer applied), not 1970.
+Only the exporter reads it: no RUN declares it, so it never keys the layer cache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import gzip
+import hashlib
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.build.orchestrate import BuildConfig, export_reproducible, failure_text
+from builder.build.os_snapshot import Snapshot
+from builder.common.errors import StepFailed
+from builder.common.log import log
+from builder.engine import BuildkitCli, Engine
+from builder.engine.buildkit import buildx_facts
+from builder.engine.capabilities import CONTAINERD, Store, buildkit_version, need_feature
+from builder.spec import ImageSpec
+
+FEATURE = "rewrite-timestamp (bit-identical layers)"
+#: How many differing files a report names (the rest are counted).
+SHOWN = 40
+NO_BUILDX = ("build.py repro needs the buildx CLI (an OCI export with rewrite-timestamp), and {have}. Fix: Docker "
+             ">= 26 with the buildx plugin (Debian: docker.io >= 26 and docker-buildx; Docker's repository: "
+             "docker-ce and docker-buildx-plugin)")
+NOT_CONTAINERD = ("build.py repro exports an OCI layout, which buildx's docker driver writes only from the "
+                  "containerd image store, and this engine uses the {store} store. Fix: turn on the containerd "
+                  "image store (daemon.json \"features\": {{\"containerd-snapshotter\": true}}, the default of "
+                  "new Docker 29 installs) and restart dockerd")
+
+
+def cannot(cli: BuildkitCli | None, store: Store, api_version: str | None) -> str | None:
+    """None when this engine can make a reproducible export, else the one line that says what is missing
+    and the fix (asked of the CLI and the engine, never read off a version string)."""
+    if cli is None or not cli.buildx:
+        return NO_BUILDX.format(have=f"{cli.describe()} is what builds here" if cli else "no docker CLI builds here")
+    reported = buildx_facts(cli)[1]
+    version, source = buildkit_version(reported, api_version)
+    missing = need_feature(FEATURE, version, source)
+    if missing is not None:
+        return missing
+    if store.kind != CONTAINERD:
+        return NOT_CONTAINERD.format(store=store.kind)
+    return None
+
+
+def epoch_of(snapshot: Snapshot) -> int | None:
+    """SOURCE_DATE_EPOCH for one Debian snapshot: its newest suite's Release date (None: not known)."""
+    stamps = []
+    for suite in snapshot.suites:
+        try:
+            stamps.append(dt.datetime.strptime(suite.date, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc))
+        except ValueError:
+            continue
+    return int(max(stamps).timestamp()) if stamps else None
+
+
+# --- the OCI layout ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class OciImage:
+    """One image in an OCI layout folder, as the exporter wrote it."""
+
+    folder: Path
+    manifest_digest: str
+    config_digest: str
+    layers: tuple[str, ...]  # blob digests, base first
+    diff_ids: tuple[str, ...]  # the uncompressed layers' digests, the same order
+
+    def blob(self, digest: str) -> Path:
+        algo, _, hexd = digest.partition(":")
+        return self.folder / "blobs" / algo / hexd
+
+
+class LayoutError(Exception):
+    """The folder is not the one-image OCI layout the exporter writes."""
+
+
+def read_layout(folder: Path) -> OciImage:
+    try:
+        index = json.loads((folder / "index.json").read_text(encoding="utf-8"))
+        (desc,) = index["manifests"]
+        manifest_digest = str(desc["digest"])
+        probe = OciImage(folder, manifest_digest, "", (), ())
+        manifest = json.loads(probe.blob(manifest_digest).read_text(encoding="utf-8"))
+        config_digest = str(manifest["config"]["digest"])
+        config = json.loads(probe.blob(config_digest).read_text(encoding="utf-8"))
+        layers = tuple(str(layer["digest"]) for layer in manifest["layers"])
+        diff_ids = tuple(str(d) for d in config["rootfs"]["diff_ids"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LayoutError(f"{folder} is not a one-image OCI layout: {exc}") from None
+    if len(layers) != len(diff_ids):
+        raise LayoutError(f"{folder}: {len(layers)} layers but {len(diff_ids)} diff_ids")
+    return OciImage(folder, manifest_digest, config_digest, layers, diff_ids)
+
+
+# --- what differs -----------------------------------------------------------------------------------
+Entry = tuple[str, int, int, int, int, str, int, str]  # type, mode, uid, gid, size, link, mtime, sha256
+FIELDS = ("type", "mode", "owner", "group", "size", "link", "mtime", "content")
+
+
+def _open_blob(path: Path) -> io.BufferedIOBase:
+    """A layer blob, uncompressed (gzip, as BuildKit writes them by default, or plain tar)."""
+    with path.open("rb") as f:
+        magic = f.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+
+
+def layer_entries(stream: io.BufferedIOBase) -> dict[str, Entry]:
+    """path -> what a tar stream says of it, the content as a sha256, read once and in order."""
+    out: dict[str, Entry] = {}
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        for m in tar:
+            content = ""
+            if m.isreg():
+                f = tar.extractfile(m)
+                assert f is not None
+                h = hashlib.sha256()
+                while chunk := f.read(1 << 20):
+                    h.update(chunk)
+                content = h.hexdigest()
+            out["/" + m.name.lstrip("./")] = (m.type.decode("ascii", "replace"), m.mode, m.uid, m.gid, m.size,
+                                             m.linkname, int(m.mtime), content)
+    return out
+
+
+def compare_entries(a: dict[str, Entry], b: dict[str, Entry]) -> Iterator[str]:
+    """One line per path that differs: only in one, or which fields differ."""
+    for path in sorted(a.keys() | b.keys()):
+        if path not in b:
+            yield f"{path}: only in the first build"
+        elif path not in a:
+            yield f"{path}: only in the second build"
+        elif a[path] != b[path]:
+            what = [name for name, x, y in zip(FIELDS, a[path], b[path], strict=True) if x != y]
+            yield f"{path}: {', '.join(what)} differ"
+
+
+def differing_files(a: OciImage, b: OciImage) -> list[str]:
+    """What differs between two builds, layer by layer (only the layers whose diff_ids differ are read)."""
+    lines: list[str] = []
+    if len(a.diff_ids) != len(b.diff_ids):
+        lines.append(f"the first build has {len(a.diff_ids)} layers, the second {len(b.diff_ids)}")
+    for n, (da, db) in enumerate(zip(a.diff_ids, b.diff_ids, strict=False), start=1):
+        if da == db:
+            continue
+        with _open_blob(a.blob(a.layers[n - 1])) as fa, _open_blob(b.blob(b.layers[n - 1])) as fb:
+            diff = list(compare_entries(layer_entries(fa), layer_entries(fb)))
+        lines.append(f"layer {n}: {len(diff)} path(s) differ" if diff else
+                     f"layer {n}: the same files, in another order or tar encoding")
+        lines += [f"  {d}" for d in diff]
+    if not lines and a.config_digest != b.config_digest:
+        lines.append("every layer is the same; the image configs differ (labels, history or created)")
+    return lines
+
+
+def shown(lines: Sequence[str], limit: int = SHOWN) -> list[str]:
+    return list(lines[:limit]) + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+
+
+# --- the run ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Build:
+    manifest_digest: str
+    config_digest: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    builds: tuple[Build, ...]
+    expected: str | None  # --against
+    epoch: int
+    snapshot: str
+    differs: tuple[str, ...]  # what differs, when it does (named files, or why none can be named)
+
+    @property
+    def same(self) -> bool:
+        want = self.expected or self.builds[0].manifest_digest
+        return all(b.manifest_digest == want for b in self.builds)
+
+
+def reproduce(engine: Engine, spec: ImageSpec, cfg: BuildConfig, workdir: Path, against: str | None,
+              on_line: Callable[[str, str], None]) -> Verdict:
+    """Build ``spec`` from scratch twice (once with ``against``) into OCI layouts under ``workdir``, compare."""
+    images: list[OciImage] = []
+    builds: list[Build] = []
+    epoch, snapshot = 0, ""
+    for n in range(1 if against else 2):
+        dest = workdir / "ab"[n]
+        log_path = cfg.log_dir / f"{spec.name}.repro-{'ab'[n]}.log"
+        log.info("%s: build %d of %d, from scratch, into %s", spec.name, n + 1, 1 if against else 2, dest)
+        t0 = time.monotonic()
+        outcome, snap, epoch = export_reproducible(engine, spec, cfg, dest, log_path, epoch_of, on_line)
+        if not outcome.ok:
+            raise StepFailed(f"{spec.name}: build {n + 1} failed\n" +
+                             failure_text(outcome.failed_step, outcome.tail, log_path))
+        if snapshot and snap.key != snapshot:
+            raise StepFailed(f"{spec.name}: Debian published updates between the two builds (snapshot {snapshot} "
+                             f"then {snap.key}); run it again")
+        snapshot = snap.key
+        try:
+            image = read_layout(dest)
+        except LayoutError as exc:
+            raise StepFailed(f"{spec.name}: {exc}") from None
+        images.append(image)
+        builds.append(Build(image.manifest_digest, image.config_digest, time.monotonic() - t0))
+    verdict = Verdict(tuple(builds), against, epoch, snapshot, ())
+    if verdict.same:
+        return verdict
+    if against:
+        why = ("the rebuild is not the image that was published; build it twice here (without --against) to see "
+               "whether this machine's builds agree with each other, and check that the lock, the base image and "
+               "the Debian snapshot are the published one's")
+        return dataclasses.replace(verdict, differs=(why,))
+    return dataclasses.replace(verdict, differs=tuple(differing_files(images[0], images[1])))

@@ -1,0 +1,44 @@
+"""BuildKit's cache on the engine: what `build` and `repro` leave there, and dropping it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.engine.translate import _translated
+
+
+class BuildCache:
+    """The engine's build-cache calls (a part of :class:`builder.engine.docker.Engine`)."""
+
+    client: Any
+
+    @_translated
+    def drop_build_contexts(self) -> int:
+        """Drop the build contexts BuildKit keeps after its builds (a cell's holds its ~3 GB of
+        wheels), never one a running build uses; the bytes freed. The layer cache stays whole: a
+        step's cache key is the checksum of what it mounts, so the next build sends its context
+        again (a local copy) and still reuses every unchanged layer."""
+        out = self.client.api.prune_builds(filters={"type": "source.local"})
+        return int((out or {}).get("SpaceReclaimed") or 0)
+
+    @_translated
+    def build_records(self) -> set[str]:
+        """The IDs of the layer records in BuildKit's cache now (not cache mounts, not contexts)."""
+        return {str(r["ID"]) for r in self.client.df().get("BuildCache") or [] if r.get("Type") == "regular"}
+
+    @_translated
+    def drop_build_records(self, ids: set[str]) -> int:
+        """Drop these layer records (what one build made, by :meth:`build_records` before and after it),
+        never another's; the bytes freed. The engine takes one ID per prune, and removes a record
+        only once nothing built on it is left, so it goes round until a round frees nothing."""
+        freed, left = 0, set(ids)
+        while left:
+            gone: set[str] = set()
+            for rid in sorted(left):
+                out = self.client.api.prune_builds(filters={"id": [rid]}, all=True) or {}
+                freed += int(out.get("SpaceReclaimed") or 0)
+                gone |= {str(d) for d in out.get("CachesDeleted") or []}
+            if not gone & left:
+                break
+            left -= gone
+        return freed

@@ -1,0 +1,176 @@
+"""`build.py repro`: what it needs of the engine, the epoch, the OCI layout and the named differences (pure)."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from builder.build import repro
+from builder.build.os_snapshot import Snapshot, SuiteState
+from builder.cli.verbs.repro import digest
+from builder.engine import buildkit
+from builder.engine.capabilities import CLASSIC, CONTAINERD, Store
+
+
+def _cli(tmp_path: Path, buildkit_version: str) -> buildkit.BuildkitCli:
+    path = tmp_path / "docker"
+    path.write_text("#!/bin/sh\n"
+                    'if [ "$2" = version ]; then echo github.com/docker/buildx 0.29.1 x; exit 0; fi\n'
+                    f'if [ "$2" = inspect ]; then printf "Name: default\\nBuildKit version: {buildkit_version}\\n"; '
+                    "exit 0; fi\nexit 1\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return buildkit.BuildkitCli(str(path), buildkit.BUILDX_ARGS, {})
+
+
+def test_a_current_engine_in_the_containerd_store_can(tmp_path: Path) -> None:
+    assert repro.cannot(_cli(tmp_path, "v0.25.2"), Store(CONTAINERD, "overlayfs"), "1.51") is None
+
+
+@pytest.mark.parametrize("case", ["no cli", "20.10 cli", "old buildkit", "classic store", "unknown store"])
+def test_an_engine_that_cannot_gets_one_line_with_the_fix(tmp_path: Path, case: str) -> None:
+    cli = None if case == "no cli" else (buildkit.BuildkitCli("/usr/bin/docker", ("build",), {}) if case == "20.10 cli"
+                                         else _cli(tmp_path, "v0.12.5" if case == "old buildkit" else "v0.25.2"))
+    store = Store(CLASSIC, "overlay2") if case == "classic store" else (
+        Store("unknown", "weird") if case == "unknown store" else Store(CONTAINERD, "overlayfs"))
+    line = repro.cannot(cli, store, "1.44")
+    assert line is not None and "\n" not in line and "Fix:" in line, line
+    want = {"no cli": "buildx", "20.10 cli": "buildx", "old buildkit": ">= 0.13", "classic store": "containerd",
+            "unknown store": "containerd"}[case]
+    assert want in line
+
+
+def test_the_epoch_is_the_snapshots_newest_release_date() -> None:
+    snap = Snapshot("sha256:k", (SuiteState("bookworm", "2026-07-11T10:16:37Z", "p"),
+                                 SuiteState("bookworm-updates", "2026-12-02T02:09:57Z", "p"),
+                                 SuiteState("bookworm-security", "2026-12-01T19:40:00Z", "p")))
+    assert repro.epoch_of(snap) == 1796177397  # 2026-12-02T02:09:57Z
+    assert repro.epoch_of(Snapshot("sha256:k", (), "PTMG_OS_SNAPSHOT")) is None
+    assert repro.epoch_of(Snapshot("", (SuiteState("x", "not a date", "p"),))) is None
+
+
+def test_against_takes_only_a_full_sha256_digest() -> None:
+    good = "sha256:" + "a" * 64
+    assert digest(good) == good
+    for bad in ("sha256:" + "A" * 64, "sha256:abc", "a" * 64, "sha512:" + "a" * 128, good + " "):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a digest"):
+            digest(bad)
+    with pytest.raises(argparse.ArgumentTypeError, match="control character"):
+        digest(good + "\n")
+
+
+# --- OCI layouts made here ---------------------------------------------------------------------------
+def _tar(files: dict[str, tuple[bytes, int, int]]) -> bytes:
+    """name -> (content, mode, mtime)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, (content, mode, mtime) in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(content), mode, mtime
+            tar.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+def _blob(folder: Path, data: bytes) -> str:
+    d = hashlib.sha256(data).hexdigest()
+    (folder / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (folder / "blobs" / "sha256" / d).write_bytes(data)
+    return f"sha256:{d}"
+
+
+def _layout(folder: Path, layers: list[dict[str, tuple[bytes, int, int]]], label: str = "x") -> repro.OciImage:
+    tars = [_tar(files) for files in layers]
+    blobs = [_blob(folder, gzip.compress(t, mtime=0)) for t in tars]
+    config = _blob(folder, json.dumps({"config": {"Labels": {"l": label}}, "rootfs": {
+        "type": "layers", "diff_ids": [f"sha256:{hashlib.sha256(t).hexdigest()}" for t in tars]}}).encode())
+    manifest = _blob(folder, json.dumps({"config": {"digest": config}, "layers": [{"digest": b} for b in blobs]}).encode())
+    (folder / "index.json").write_text(json.dumps({"manifests": [{"digest": manifest}]}))
+    return repro.read_layout(folder)
+
+
+BASE = {"etc/os-release": (b"debian\n", 0o644, 100)}
+OURS = {"opt/venv/a.py": (b"print(1)\n", 0o644, 100), "opt/pt-multi-gpu/os-patch-level": (b"updated: x\n", 0o644, 100)}
+
+
+def test_two_equal_layouts_have_equal_digests_and_nothing_differs(tmp_path: Path) -> None:
+    a, b = _layout(tmp_path / "a", [BASE, OURS]), _layout(tmp_path / "b", [BASE, OURS])
+    assert a.manifest_digest == b.manifest_digest and len(a.layers) == 2
+    assert repro.differing_files(a, b) == []
+
+
+def test_the_files_that_differ_are_named_with_what_differs(tmp_path: Path) -> None:
+    changed = {**OURS, "opt/pt-multi-gpu/os-patch-level": (b"updated: y\n", 0o644, 100),
+               "opt/venv/a.py": (b"print(1)\n", 0o755, 200), "var/log/dpkg.log": (b"log\n", 0o644, 100)}
+    a, b = _layout(tmp_path / "a", [BASE, OURS]), _layout(tmp_path / "b", [BASE, changed])
+    lines = repro.differing_files(a, b)
+    assert lines[0] == "layer 2: 3 path(s) differ"  # layer 1 is the same, so it is not read
+    assert "  /opt/pt-multi-gpu/os-patch-level: content differ" in lines
+    assert "  /opt/venv/a.py: mode, mtime differ" in lines
+    assert "  /var/log/dpkg.log: only in the second build" in lines
+
+
+def test_a_config_only_difference_and_a_layer_count_are_said(tmp_path: Path) -> None:
+    a, b = _layout(tmp_path / "a", [BASE, OURS], "one"), _layout(tmp_path / "b", [BASE, OURS], "two")
+    assert repro.differing_files(a, b) == ["every layer is the same; the image configs differ (labels, history or "
+                                           "created)"]
+    c = _layout(tmp_path / "c", [BASE])
+    assert repro.differing_files(a, c)[0] == "the first build has 2 layers, the second 1"
+
+
+def test_a_folder_that_is_not_a_layout_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(repro.LayoutError, match="not a one-image OCI layout"):
+        repro.read_layout(tmp_path)
+    (tmp_path / "index.json").write_text('{"manifests": [{"digest": "sha256:1"}, {"digest": "sha256:2"}]}')
+    with pytest.raises(repro.LayoutError):
+        repro.read_layout(tmp_path)
+
+
+def test_a_long_list_is_cut_and_counted() -> None:
+    assert repro.shown([str(i) for i in range(45)])[-1] == "... and 5 more"
+    assert repro.shown(["a"]) == ["a"]
+
+
+# --- dropping one build's layer records, never another's ------------------------------------------------
+class _Cache:
+    """A BuildKit cache as the engine's API shows it: prune takes one ID and removes a record only when
+    nothing built on it is left; `busy` records are never removed."""
+
+    def __init__(self, parents: dict[str, str | None], busy: frozenset[str] = frozenset()) -> None:
+        self.parents, self.busy, self.calls = dict(parents), busy, 0
+        self.api = self
+
+    def df(self) -> dict[str, object]:
+        return {"BuildCache": [{"ID": i, "Type": "regular", "Size": 10} for i in self.parents] +
+                              [{"ID": "mount", "Type": "exec.cachemount", "Size": 10}]}
+
+    def prune_builds(self, filters: dict[str, list[str]], all: bool) -> dict[str, object]:
+        self.calls += 1
+        assert all and len(filters["id"]) == 1, filters  # the engine refuses several IDs in one filter
+        rid = filters["id"][0]
+        if rid not in self.parents or rid in self.busy or rid in self.parents.values():
+            return {"CachesDeleted": None, "SpaceReclaimed": 0}
+        del self.parents[rid]
+        return {"CachesDeleted": [rid], "SpaceReclaimed": 10}
+
+
+def test_a_builds_own_records_go_and_every_other_stays() -> None:
+    from builder.engine.docker import Engine
+    cache = _Cache({"other": None, "a": None, "b": "a", "c": "b"})
+    engine = Engine(client=cache, labels={})
+    assert engine.build_records() == {"other", "a", "b", "c"}  # cache mounts are not layer records
+    assert engine.drop_build_records({"a", "b", "c"}) == 30
+    assert set(cache.parents) == {"other"}
+
+
+def test_a_record_that_cannot_go_ends_the_rounds() -> None:
+    from builder.engine.docker import Engine
+    cache = _Cache({"a": None, "b": "a"}, busy=frozenset({"b"}))
+    assert Engine(client=cache, labels={}).drop_build_records({"a", "b"}) == 0
+    assert set(cache.parents) == {"a", "b"} and cache.calls == 2
