@@ -3,6 +3,8 @@
 #
 #   scripts/engine28.sh start overlay2|containerd   # idempotent; prints the user's environment on stdout:
 #                                                  # DOCKER_HOST, DOCKER_CONFIG (finds buildx), PTMG_E28_BIN
+#   scripts/engine28.sh install                    # only fetches and unpacks the packages (idempotent;
+#                                                  # the docker tier's zstd pull engine runs their dockerd)
 #   scripts/engine28.sh stop                       # stops it and deletes its data-root (idempotent)
 #   scripts/engine28.sh status                     # exit 0 when it answers
 #
@@ -166,7 +168,8 @@ stop() {
 
 case "${1:-}" in
     start) start "${2:-overlay2}" ;;
+    install) need_root; install_packages ;;
     stop) stop ;;
     status) answers && echo "DOCKER_HOST=unix://$sock store=$(running_store)" ;;
-    *) say "usage: $0 start overlay2|containerd | stop | status"; exit 2 ;;
+    *) say "usage: $0 start overlay2|containerd | install | stop | status"; exit 2 ;;
 esac

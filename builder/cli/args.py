@@ -40,6 +40,17 @@ def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def one_of(*values: str) -> Callable[[str], str]:
+    """One of ``values``, spelled exactly."""
+
+    def parse(text: str) -> str:
+        if text not in values:
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {', '.join(values[:-1])} or {values[-1]}")
+        return text
+
+    return parse
+
+
 def seconds(text: str) -> float:
     """A duration in seconds, > 0."""
     try:

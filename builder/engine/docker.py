@@ -1,12 +1,11 @@
 """The Docker engine, through the Docker SDK (with :mod:`builder.engine.buildcache`, its build cache, and
 :mod:`builder.engine.translate`, which turns every SDK error into :class:`EngineError`).
 
-Everything else in ``builder`` is pure and works on plain data; it reaches the engine
-through an :class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes:
-containers and networks come back as opaque handles (:mod:`builder.engine.model`), and
-every SDK or HTTP error is translated into :class:`EngineError` (exit 1, with the fix).
-BuildKit builds go through a CLI (:mod:`builder.engine.buildkit`); the classic builder
-through the SDK.
+Everything else in ``builder`` is pure and works on plain data; it reaches the engine through an
+:class:`Engine`, made once per run by the CLI. Nothing of the SDK escapes: containers and networks
+come back as opaque handles (:mod:`builder.engine.model`), and every SDK or HTTP error is translated
+into :class:`EngineError` (exit 1, with the fix). BuildKit builds go through a CLI
+(:mod:`builder.engine.buildkit`); the classic builder through the SDK.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.capabilities import CONTAINERD, Store, image_store
 from builder.engine.client import connect, env_file_has_values, quote_value
 from builder.engine.model import BuildOutcome, BuildRequest, Container, EngineError, Network, RunResult
-from builder.engine.translate import _translated, docker
+from builder.engine.translate import _errors, _translated, docker
 from ptmg_contract import PROJECT_LABEL
 
 
@@ -77,6 +76,11 @@ class Engine(BuildCache):
 
     def image_size(self, ref: str) -> int:
         return int(self._attrs(ref).get("Size", 0))
+
+    def save(self, ref: str, chunk_size: int = 8 << 20) -> Iterator[bytes]:
+        """`docker save` of one image (ID or reference), streamed in chunks; a failure mid-stream too is EngineError."""
+        with _errors("save"):
+            yield from self.client.api.get_image(ref, chunk_size=chunk_size)
 
     @_translated
     def image_history(self, ref: str) -> list[dict[str, Any]]:

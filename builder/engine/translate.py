@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import requests
+import urllib3
 
 from builder.common.lazy import OnFirstUse
 from builder.engine.model import EngineError
@@ -22,22 +24,26 @@ else:  # the SDK (with paramiko, where installed) takes ~0.2 s to import, and mo
     docker = OnFirstUse("docker", "docker.errors")
 
 
+@contextlib.contextmanager
+def _errors(what: str) -> Iterator[None]:
+    """SDK and HTTP errors (a stream's too) leave as EngineError, named after the operation."""
+    try:
+        yield
+    except docker.errors.DockerException as exc:
+        why = getattr(exc, "explanation", None) or exc
+        raise EngineError(f"the Docker engine refused {what}: {why}") from None
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError) as exc:
+        raise EngineError(f"the Docker engine stopped answering ({what}): {exc}") from None
+
+
 def _translated(fn: F) -> F:
-    """SDK and HTTP errors leave as EngineError, named after the operation."""
+    """Every engine call: its errors leave as EngineError (:func:`_errors`), named after the method."""
 
-    @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
+        with _errors(fn.__name__.strip("_")):
             return fn(*args, **kwargs)
-        except EngineError:
-            raise
-        except docker.errors.DockerException as exc:
-            why = getattr(exc, "explanation", None) or exc
-            raise EngineError(f"the Docker engine refused {fn.__name__.strip('_')}: {why}") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineError(f"the Docker engine stopped answering ({fn.__name__.strip('_')}): {exc}") from None
 
-    return wrapper  # type: ignore[return-value]
+    return functools.wraps(fn)(wrapper)  # type: ignore[return-value]
 
 
-__all__ = ["_translated", "docker"]
+__all__ = ["_errors", "_translated", "docker"]

@@ -1,4 +1,4 @@
-"""The registry's HTTP API (v2): read a manifest by tag or digest, with token or basic auth."""
+"""The registry's HTTP API (v2): read and put manifests, check and upload blobs, with token or basic auth."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode, urljoin
 
 import requests
 
@@ -41,6 +42,7 @@ class Remote:
     size: int | None = None  # bytes of the manifest itself (an index entry's size)
     #: a manifest list / OCI index: (platform "os/arch[/variant]", manifest digest) per entry
     children: tuple[tuple[str, str], ...] = ()
+    compression: str = ""  # of the layers: gzip | zstd | none | mixed ("" for a list)
 
     @property
     def present(self) -> bool:
@@ -66,10 +68,22 @@ def manifest_remote(status: int, headers: Mapping[str, str], body: bytes, what: 
         layers = data.get("layers")
         config_digest = str(config["digest"]) if isinstance(config, dict) and "digest" in config else None
         size = sum(int(x.get("size", 0)) for x in layers if isinstance(x, dict)) if isinstance(layers, list) else None
-        return Remote(digest, config_digest, media, size, size=len(body), children=_children(data))
+        return Remote(digest, config_digest, media, size, size=len(body), children=_children(data),
+                      compression=layer_compression(layers))
     if status == 404 and {c for c, _ in registry_errors(body)} & ABSENT_CODES:
         return Remote()
     return Remote(fault=http_fault(status, headers, body, what))
+
+
+def layer_compression(layers: object) -> str:
+    """How a manifest's layers are compressed, by their media types: gzip, zstd, none or mixed ("" without layers)."""
+    if not isinstance(layers, list) or not layers:
+        return ""
+    kinds = set()
+    for x in layers:
+        media = str(x.get("mediaType", "")) if isinstance(x, dict) else ""
+        kinds.add("zstd" if media.endswith("zstd") else "gzip" if media.endswith("gzip") else "none")
+    return kinds.pop() if len(kinds) == 1 else "mixed"
 
 
 def _children(data: Mapping[str, object]) -> tuple[tuple[str, str], ...]:
@@ -170,18 +184,53 @@ class RegistryClient:
             return http_fault(got.status_code, got.headers, got.content, what)
         return got.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(body).hexdigest()
 
-    def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None,
+    def blob_exists(self, digest: str) -> bool | Fault:
+        """Whether the repository holds the blob ``digest`` (HEAD: 200, or a redirect to its storage; a HEAD's
+        404 carries no body to read)."""
+        what = f"HEAD {self.registry.host}/{self.path}@{digest}"
+        got = self._send("HEAD", f"{self.registry.api_base}/v2/{self.path}/blobs/{digest}", {}, None, what)
+        if isinstance(got, Fault) or got.status_code in (200, 404, 307, 302, 303, 308, 301):
+            return got if isinstance(got, Fault) else got.status_code != 404
+        return http_fault(got.status_code, got.headers, b"", what)
+
+    def upload_blob(self, body: bytes | Iterator[bytes], digest: str | Callable[[], str]) -> str | Fault:
+        """Upload one blob: POST a session, PATCH the bytes (an iterator is streamed, read once: no copy
+        of the blob anywhere), PUT ``?digest=``. ``digest`` may be a callable, asked once the bytes are
+        sent (a blob compressed on the way). The digest the registry answers, or the fault."""
+        what = f"upload to {self.registry.host}/{self.path}"
+        url = f"{self.registry.api_base}/v2/{self.path}/blobs/uploads/"
+        got = self._send("POST", url, {}, b"", what)
+        if isinstance(got, Fault) or got.status_code != 202:
+            return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
+        url = urljoin(url, got.headers.get("Location", ""))
+        got = self._send("PATCH", url, {"Content-Type": "application/octet-stream"}, body, what)
+        if isinstance(got, Fault) or got.status_code != 202:
+            return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
+        url = urljoin(url, got.headers.get("Location", ""))
+        want = digest() if callable(digest) else digest
+        got = self._send("PUT", url + ("&" if "?" in url else "?") + urlencode({"digest": want}), {}, b"", what)
+        if isinstance(got, Fault) or got.status_code != 201:
+            return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
+        answered = got.headers.get("Docker-Content-Digest") or want
+        if answered != want:
+            return Fault("protocol", f"{what}: sent {want}, the registry stored {answered}", False)
+        return want
+
+    def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | Iterator[bytes] | None,
               what: str) -> requests.Response | Fault:
-        """One request, answering a Basic or Bearer challenge once each (a PUT's token asks for push)."""
+        """One request, answering a Basic or Bearer challenge once each (a PUT's token asks for push). A
+        streamed body can't be sent twice: a challenge to it is a fault (the POST before it answered them)."""
         tried: set[str] = set()
         while True:
             try:
-                call = self.session.get if method == "GET" else self.session.put
+                call: Callable[..., requests.Response] = getattr(self.session, method.lower())
                 r = call(url, headers={**headers, **self._auth}, data=body, timeout=self.timeout, verify=self.verify)
             except requests.exceptions.RequestException as exc:
                 return exception_fault(exc, what)
             if r.status_code != 401:
                 return r
+            if body is not None and not isinstance(body, bytes):
+                return http_fault(r.status_code, r.headers, r.content, what)
             scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
             if scheme in tried or scheme not in ("basic", "bearer"):
                 return http_fault(r.status_code, r.headers, r.content, what)

@@ -26,6 +26,9 @@ Credentials come from the environment (PTMG_REGISTRY_USER with PTMG_REGISTRY_PAS
 PTMG_REGISTRY_PASSWORD_FILE) or the docker config (auths, credHelpers, credsStore). They go to the
 engine as the push's auth_config and to the registry client as HTTP auth; never to argv, logs, reports.
 
+Layers are pushed gzip-compressed by the engine (`docker push`, the default), or with ``zstd`` by
+builder/publish/zstdpush.py through the registry client; every check above is the same for both.
+
 Limitation: registry API v2 has no conditional PUT, so a second publisher racing between our read
 and our push can't be excluded here; CI serialises publishing (a concurrency group) for that reason.
 """
@@ -64,6 +67,7 @@ from builder.publish.report import (
     TagResult,
     short_digest,
 )
+from builder.publish.zstdpush import ZstdPusher
 from builder.smoke import passes
 from builder.spec import ImageSpec, Matrix, tags
 
@@ -114,8 +118,9 @@ class Publisher:
                  on_event: Callable[[str, Mapping[str, Any]], None] | None = None,
                  unchanged: Callable[[ImageSpec, Mapping[str, str]], str | None] | None = None,
                  os_gate: Callable[[ImageSpec, str, Mapping[str, str]], str | None] | None = None,
-                 store: str = CLASSIC) -> None:
+                 store: str = CLASSIC, zstd: ZstdPusher | None = None) -> None:
         self.engine = engine
+        self.zstd = zstd  # --compression zstd: layers go up through the registry API, not `docker push`
         self.store = store  # the engine's image store: what its image IDs name (capabilities.names_image)
         self.registry = registry
         self.cfg = cfg
@@ -245,13 +250,13 @@ class Publisher:
                 outcome = "the push did not complete" if uploaded or existing or attempt > 1 else "nothing pushed"
                 return self._result(tag, kind, FAILED, f"{why} (after {attempt} attempt(s); {outcome})", **extra)
             if action == "unchanged":
-                return self._result(tag, kind, UNCHANGED, why, digest=remote.digest,
+                return self._result(tag, kind, UNCHANGED, why, digest=remote.digest, compression=remote.compression,
                                     compressed_size=remote.compressed_size, **extra)
             if action == "refuse":
                 return self._result(tag, kind, REFUSED, why, **extra)
             log.info("push %s (%s)", ref, why)
             tracker = PushTracker()
-            fault = self._push_once(cell, ref, tracker)
+            fault = self.zstd.push(cell.image_id, tag, tracker) if self.zstd else self._push_once(cell, ref, tracker)
             uploaded += [x for x in tracker.uploaded if x not in uploaded]
             existing += [x for x in tracker.existing if x not in existing and x not in uploaded]
             if fault is not None:
@@ -267,7 +272,8 @@ class Publisher:
             if problem:
                 return self._result(tag, kind, FAILED, problem, digest=tracker.digest, **extra)
             return self._result(tag, kind, PUSHED, f"verified: the registry serves {tracker.digest}",
-                                digest=tracker.digest, compressed_size=checked.compressed_size, **extra)
+                                digest=tracker.digest, compressed_size=checked.compressed_size,
+                                compression=checked.compression, **extra)
 
     def _immutable(self, cell: _Cell) -> None:
         assert cell.tags is not None
@@ -323,20 +329,10 @@ class Publisher:
         else:
             log.error("%s: %s: %s", res.ref, res.status, res.message)
 
-    def _summarise(self, cell: _Cell) -> None:
-        digests = [t.digest for t in cell.report.tags if t.digest and t.status in OK_STATUSES]
-        if digests:
-            cell.report.digest = digests[0]
-            cell.report.compressed_size = next((t.compressed_size for t in cell.report.tags
-                                                if t.compressed_size), None)
-        if len(set(digests)) > 1:
-            cell.report.notes.append("the tags of this image resolve to different manifests (same image, "
-                                     f"compressed differently): {', '.join(sorted(set(digests)))}")
-
     def run(self, matrix: Matrix, selected: Sequence[ImageSpec]) -> Report:
         started = time.monotonic()
         report = Report(str(self.cfg.registry), self.repo, _now(), dry_run=self.cfg.dry_run,
-                        allow_untested=self.cfg.allow_untested,
+                        allow_untested=self.cfg.allow_untested, compression="zstd" if self.zstd else "gzip",
                         credentials=self.creds.source if self.creds else "anonymous")
         cells = [self._prepare(spec, matrix) for spec in selected]
         multi = manifest_list.MultiPlatform(self, matrix, cells)  # a tag of several platforms: one list
@@ -385,7 +381,7 @@ class Publisher:
         if not is_open:
             log.error("floating tags held:\n  %s", "\n  ".join(report.floating_gate["reasons"]))
         for c in cells:
-            multi.summarise(c) if multi.owns(c) else self._summarise(c)
+            multi.summarise(c) if multi.owns(c) else c.report.summarise()
         report.ok = is_open and all(c.immutable_ok and all(t.status in OK_STATUSES for t in c.tags)
                                     for c in report.cells)
         return self._finish(report, started)

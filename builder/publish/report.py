@@ -29,6 +29,7 @@ class TagResult:
     seconds: float = 0.0
     layers_uploaded: list[str] = field(default_factory=list)
     layers_existing: list[str] = field(default_factory=list)
+    compression: str = ""  # of the layers the registry serves under this tag: gzip | zstd | none | mixed
 
 
 @dataclass
@@ -45,6 +46,16 @@ class CellReport:
     error: str = ""
     notes: list[str] = field(default_factory=list)
     unchanged_since: str = ""  # the registry already holds this image: nothing pushed, nothing moved
+
+    def summarise(self) -> None:
+        """The cell's digest and compressed size: its first published tag's."""
+        digests = [t.digest for t in self.tags if t.digest and t.status in OK_STATUSES]
+        if digests:
+            self.digest = digests[0]
+            self.compressed_size = next((t.compressed_size for t in self.tags if t.compressed_size), None)
+        if len(set(digests)) > 1:
+            self.notes.append("the tags of this image resolve to different manifests (same image, "
+                              f"compressed differently): {', '.join(sorted(set(digests)))}")
 
     @property
     def immutable_ok(self) -> bool:
@@ -63,6 +74,7 @@ class Report:
     seconds: float = 0.0
     dry_run: bool = False
     allow_untested: bool = False
+    compression: str = "gzip"  # of the layers of new pushes (a tag the registry holds keeps its own)
     credentials: str = "anonymous"  # where they came from, never what they are
     floating_gate: dict[str, Any] = field(default_factory=dict)
     cells: list[CellReport] = field(default_factory=list)
@@ -85,7 +97,9 @@ def report_markdown(report: Report, secrets: Iterable[str] = ()) -> str:
     if report.dry_run:
         verdict = "dry run (nothing pushed, registry not contacted)"
     lines += [f"- result: {verdict}", f"- registry: `{report.registry}`", f"- started: {report.started}",
-              f"- took: {report.seconds:.1f} s", f"- credentials: {report.credentials}"]
+              f"- took: {report.seconds:.1f} s", f"- credentials: {report.credentials}",
+              f"- compression of new pushes: {report.compression} (a tag the registry already held keeps its own: "
+              "see each tag's)"]
     gate = report.floating_gate
     if gate.get("open"):
         lines.append("- floating tags: moved (every cell published and smoke-tested)")
@@ -113,10 +127,11 @@ def report_markdown(report: Report, secrets: Iterable[str] = ()) -> str:
         if c.versions:
             lines.append("- versions: " + ", ".join(f"{k} {v}" for k, v in c.versions.items()
                                                    if k not in ("inputs-hash", "cuda-arch-list")))
-        lines += ["", "| tag | kind | status | digest | layers sent | message |", "|---|---|---|---|---|---|"]
+        lines += ["", "| tag | kind | status | digest | compression | layers sent | message |",
+                  "|---|---|---|---|---|---|---|"]
         for t in c.tags:
             msg = t.message.replace("|", "\\|").replace("\n", " ")
-            lines.append(f"| `{t.tag}` | {t.kind} | {t.status} | `{short_digest(t.digest)}` | "
+            lines.append(f"| `{t.tag}` | {t.kind} | {t.status} | `{short_digest(t.digest)}` | {t.compression or '-'} | "
                          f"{len(t.layers_uploaded)}/{len(t.layers_uploaded) + len(t.layers_existing)} | {msg} |")
     return redact("\n".join(lines) + "\n", secrets)
 

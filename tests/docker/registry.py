@@ -132,10 +132,11 @@ class LocalRegistry:
         base = self.storage / "docker/registry/v2/repositories"
         return sorted(str(p.parent.relative_to(base)) for p in base.rglob("_manifests")) if base.exists() else []
 
-    def manifest_digest(self, repo_path: str, reference: str) -> str | None:
-        """Docker-Content-Digest for a tag, read with the v2 Accept header (None when absent)."""
-        r = requests.get(f"{self.url}/v2/{repo_path}/manifests/{reference}",
-                         headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    def manifest_digest(self, repo_path: str, reference: str,
+                        accept: str = "application/vnd.docker.distribution.manifest.v2+json") -> str | None:
+        """Docker-Content-Digest for a tag, read with the v2 Accept header (None when absent); an OCI
+        manifest (publish --compression zstd) is served only to a client that accepts its type."""
+        r = requests.get(f"{self.url}/v2/{repo_path}/manifests/{reference}", headers={"Accept": accept},
                          auth=self.auth, timeout=10)
         if r.status_code == 404:
             return None

@@ -12,6 +12,7 @@ real cell image (`test_image`, several GB).
 from __future__ import annotations
 
 import functools
+import hashlib
 import io
 import json
 import logging
@@ -29,6 +30,7 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
+import requests
 import yaml
 
 import ptmg_contract as contract
@@ -36,6 +38,7 @@ from builder.engine import Engine
 from builder.publish import address, client, faults, publisher
 from builder.smoke import passes
 from builder.spec import Matrix, load_matrix, tags
+from tests.docker.pullengine import PullEngine
 from tests.docker.registry import LocalRegistry
 
 LOGGER = logging.getLogger(__name__)
@@ -209,6 +212,7 @@ class Run:
     stderr: str
     report: dict[str, Any]
     seconds: float
+    report_dir: str = ""
 
     def tags(self, cell: str) -> dict[str, dict[str, Any]]:
         c = next(c for c in self.report["cells"] if c["cell"] == cell)
@@ -239,7 +243,7 @@ def publish(config_file: Path, tmp_path: Path, env: dict[str, str]) -> Callable[
         files = path.read_text() + (report_dir / "publish-report.md").read_text()
         for where, text in (("stdout", p.stdout), ("stderr", p.stderr), ("report", files)):
             assert PASSWORD not in text, f"the password leaked into {where}"
-        return Run(p.returncode, p.stdout, p.stderr, json.loads(path.read_text()), seconds)
+        return Run(p.returncode, p.stdout, p.stderr, json.loads(path.read_text()), seconds, str(report_dir))
 
     return run
 
@@ -335,6 +339,71 @@ def test_immutable_tag_never_overwritten(registry: Callable[..., LocalRegistry],
     assert "never overwritten" in second.stderr
     assert {tag: reg.manifest_digest(repo_path, tag) for tag in held} == held
     assert reg.blobs() == blobs, "nothing of the refused cell may be pushed"
+
+
+def test_zstd_publish_serves_the_images_diff_ids_pulls_as_the_same_image_and_reruns_unchanged(
+        registry: Callable[..., LocalRegistry], images: Images, publish: Callable[..., Run],
+        docker_client: docker.DockerClient, tmp_path: Path) -> None:
+    """`publish --compression zstd` to a registry that wants credentials (given as publish always takes
+    them; the fixture checks the password is in no output or report): every tag an OCI manifest of zstd
+    layers whose plain tars hash to the image's diff_ids, its config the local image; a rerun writes
+    nothing; Docker 28 pulls it back as the same image ID; the system engine pulls it too if it can
+    (Docker >= 23), or refuses as 20.10 does."""
+    import zstandard
+
+    reg = registry(auth=(USER, PASSWORD))
+    image_id = images.small(OTHER_CELL, blob_bytes=4 * 1024 * 1024)
+    diff_ids = docker_client.images.get(image_id).attrs["RootFS"]["Layers"]
+    passes.record_pass(ROOT, image_id, OTHER_CELL, passed=10, skipped=0)
+    run = publish(reg, OTHER_CELL, args=("--compression", "zstd"), extra_env=_creds())
+    assert run.rc == 0, run.stderr
+    results = run.tags(OTHER_CELL)
+    assert {(r["status"], r["compression"]) for r in results.values()} == {("pushed", "zstd")}, results
+    assert run.report["compression"] == "zstd" and "| zstd |" in (Path(run.report_dir) / "publish-report.md").read_text()
+    first = results[f"{OTHER_CELL}-20261130"]
+    assert len(first["layers_uploaded"]) == len(diff_ids)
+    assert all(r["layers_uploaded"] == [] for t, r in results.items() if t != f"{OTHER_CELL}-20261130")
+    digest = run.cell(OTHER_CELL)["digest"]
+    repo_path = f"{NAMESPACE}/{images.repo}"
+    for tag in results:
+        assert reg.manifest_digest(repo_path, tag, accept=client.OCI_MANIFEST) == digest, tag
+    manifest = requests.get(f"{reg.url}/v2/{repo_path}/manifests/{digest}", headers={"Accept": client.OCI_MANIFEST},
+                            auth=reg.auth, timeout=10).json()
+    assert manifest["mediaType"] == client.OCI_MANIFEST and manifest["config"]["digest"] == image_id
+    served = []
+    for layer in manifest["layers"]:
+        assert layer["mediaType"] == "application/vnd.oci.image.layer.v1.tar+zstd"
+        blob = requests.get(f"{reg.url}/v2/{repo_path}/blobs/{layer['digest']}", auth=reg.auth, timeout=60).content
+        assert "sha256:" + hashlib.sha256(blob).hexdigest() == layer["digest"] and blob[:4] == b"\x28\xb5\x2f\xfd"
+        plain = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob), read_across_frames=True).read()
+        served.append("sha256:" + hashlib.sha256(plain).hexdigest())
+    assert served == diff_ids
+
+    before = reg.snapshot()
+    again = publish(reg, OTHER_CELL, args=("--compression", "zstd"), extra_env=_creds())
+    assert again.rc == 0, again.stderr
+    assert {(r["status"], r["compression"]) for r in again.tags(OTHER_CELL).values()} == {("unchanged", "zstd")}
+    assert reg.snapshot() == before, "the registry's storage changed on a rerun with nothing new"
+
+    ref = f"{reg.host}/{repo_path}@{digest}"
+    with PullEngine(tmp_path) as engine:
+        engine.docker("login", "--username", USER, "--password-stdin", reg.host, stdin=PASSWORD)
+        engine.docker("pull", ref, timeout=600)
+        assert engine.image_id(ref) == image_id, f"Docker {engine.version()} pulled another image"
+
+    # The system engine, without the image (else a pull finds it and downloads nothing).
+    images.forget_refs_of(f"{reg.host}/{NAMESPACE}/{images.repo}")
+    docker_client.images.remove(image_id, force=True)
+    major = int(str(docker_client.version()["Version"]).split(".")[0])
+    subprocess.run(["docker", "login", "--username", USER, "--password-stdin", reg.host], input=PASSWORD,
+                   capture_output=True, text=True, timeout=60, check=True)  # into this test's DOCKER_CONFIG
+    pull = subprocess.run(["docker", "pull", ref], capture_output=True, text=True, timeout=600, check=False)
+    if pull.returncode == 0:
+        images.refs.append(ref)
+        assert major >= 23 and docker_client.images.get(ref).id == image_id
+    else:  # 20.10 reads the zstd blob as a plain tar
+        assert major < 23, f"Docker {major} should pull zstd layers: {pull.stderr}"
+        assert "Error processing tar file" in pull.stderr, pull.stderr
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import functools
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from builder.cli.registry import Verb
 from builder.common.errors import InputError
 from builder.common.log import human_size, log, table
 from builder.common.paths import project_root
-from builder.engine.capabilities import UNKNOWN, unknown_store_line
+from builder.engine.capabilities import CLASSIC, UNKNOWN, unknown_store_line
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
@@ -25,6 +26,7 @@ from builder.publish.gates import freshness_gates
 from builder.publish.publisher import PublishConfig, Publisher
 from builder.publish.report import Report, report_json, short_digest, write_report
 from builder.publish.vulns import annotate, combine, python_gate, write_extras
+from builder.publish.zstdpush import ZstdPusher
 from builder.smoke import passes
 from builder.spec import tags
 
@@ -55,6 +57,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--publish-unchanged", action="store_true",
                    help="publish new dated tags even for a cell whose floating tag already holds the same recipe "
                         "and packages (by default such a cell is skipped: an unchanged week publishes nothing)")
+    p.add_argument("--compression", type=types.one_of("gzip", "zstd"), metavar="gzip|zstd",
+                   default=os.environ.get("PTMG_PUBLISH_COMPRESSION") or "gzip",
+                   help="how new pushes compress the layers (env PTMG_PUBLISH_COMPRESSION): gzip (default; `docker "
+                        "push`, which every engine and cluster runtime pulls) or zstd (smaller, faster to unpack; "
+                        "pulled by Docker >= 23, containerd >= 1.5, Podman/CRI-O, not by Docker 20.10: see "
+                        "docs/supply-chain.md). A tag the registry already holds keeps its compression")
     p.add_argument("--attempts", type=types.count(1, 20), default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
                    help="tries per tag for transient registry faults, 1-20 (default 4, env PTMG_PUSH_ATTEMPTS; "
                         "exponential backoff with jitter)")
@@ -62,9 +70,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _print_summary(report: Report) -> None:
     rows = [[c.cell, t.tag, t.kind, t.status, f"{t.seconds:.1f}s", human_size(t.compressed_size),
-             short_digest(t.digest)] for c in report.cells for t in c.tags]
-    rows += [[c.cell, "-", "-", c.unchanged_since or "failed", "-", "-", "-"] for c in report.cells if not c.tags]
-    print(table(["cell", "tag", "kind", "status", "time", "size", "digest"], rows))
+             t.compression or "-", short_digest(t.digest)] for c in report.cells for t in c.tags]
+    rows += [[c.cell, "-", "-", c.unchanged_since or "failed", "-", "-", "-", "-"] for c in report.cells if not c.tags]
+    print(table(["cell", "tag", "kind", "status", "time", "size", "compression", "digest"], rows))
 
 
 def _print_dry_run(report: Report) -> None:
@@ -75,6 +83,19 @@ def _print_dry_run(report: Report) -> None:
     gate = report.floating_gate
     print("floating tags would move" if gate["open"] else
           "floating tags would be held:\n  " + "\n  ".join(gate["reasons"]))
+
+
+def _zstd_pusher(ctx: Context, client: RegistryClient, store: str) -> ZstdPusher | None:
+    """The layer pusher of --compression zstd (None: gzip, `docker push`)."""
+    if ctx.args.compression != "zstd":
+        return None
+    if store != CLASSIC:
+        raise InputError(f"--compression zstd: this engine keeps its images in the {store} store, where an image ID "
+                         "is its gzip manifest's digest, which a zstd manifest never has (publish could not tell "
+                         "its own image in the registry); use --compression gzip with it, or the classic store")
+    if importlib.util.find_spec("zstandard") is None:
+        raise InputError("--compression zstd needs the zstandard module: pip install -e . (a dependency)")
+    return ZstdPusher(ctx.engine(), client)
 
 
 def run(ctx: Context) -> int:
@@ -101,7 +122,8 @@ def run(ctx: Context) -> int:
         raise InputError(unknown_store_line(store))
     publisher = Publisher(ctx.engine(), client, cfg, repository=ctx.matrix.repository, creds=creds,
                           smoke=functools.partial(passes.smoke_pass, ctx.root), unchanged=gates.unchanged,
-                          os_gate=combine(gates.os_gate, vuln_gate), store=store.kind)
+                          os_gate=combine(gates.os_gate, vuln_gate), store=store.kind,
+                          zstd=_zstd_pusher(ctx, client, store.kind))
     report = publisher.run(ctx.matrix, ctx.cells)
     annotate(report, audited, vuln_settings)
     secrets = publisher.secrets
