@@ -57,6 +57,8 @@ PLAN: tuple[Target, ...] = (
     Target("builder/publish/freshness.py", ("tests/unit/test_debsec_publish.py",)),
     Target("builder/publish/gates.py", ("tests/unit/test_debsec_publish.py", "tests/unit/test_publish_gates.py")),
     Target("builder/publish/vulns.py", ("tests/unit/test_supply_audit.py",), only=("python_gate", "combine")),
+    # The zstd layer pusher: diff_ids against the config's, the config against the image, what a retry skips.
+    Target("builder/publish/zstdpush.py", ("tests/unit/test_zstd_push.py", "tests/unit/test_zstd_publish.py")),
     Target("builder/cli/verbs/publish.py", ("tests/unit/test_publish_logic.py", "tests/unit/test_debsec_publish.py",
                                              "tests/unit/test_supply_audit.py", "tests/unit/test_publish_gates.py"),
            only=("run",)),
@@ -65,6 +67,11 @@ PLAN: tuple[Target, ...] = (
     Target("smoke_tests/ddp_checks.py", ("tests/unit/test_gpu_path.py", "tests/unit/test_gpu_first_contact.py")),
     Target("smoke_tests/ddp_watchdog.py", _SMOKE),
     Target("smoke_tests/smokelib.py", _SMOKE),
+    # build.py repro: whether the engine can, the epoch, the layouts and what differs; dropping one build's records.
+    Target("builder/build/repro.py", ("tests/unit/test_repro.py",),
+           only=("cannot", "epoch_of", "read_layout", "layer_entries", "compare_entries", "differing_files",
+                 "Verdict.same")),
+    Target("builder/engine/buildcache.py", ("tests/unit/test_repro.py",), only=("BuildCache.drop_build_records",)),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).
     Target("builder/common/yamlpos.py", ("tests/unit/test_yamlpos.py", "tests/unit/test_spec.py")),
 )

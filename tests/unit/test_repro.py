@@ -54,6 +54,8 @@ def test_the_epoch_is_the_snapshots_newest_release_date() -> None:
     assert repro.epoch_of(snap) == 1796177397  # 2026-12-02T02:09:57Z
     assert repro.epoch_of(Snapshot("sha256:k", (), "PTMG_OS_SNAPSHOT")) is None
     assert repro.epoch_of(Snapshot("", (SuiteState("x", "not a date", "p"),))) is None
+    # a suite whose date does not parse is passed over, and the suites after it still count
+    assert repro.epoch_of(Snapshot("sha256:k", (SuiteState("x", "not a date", "p"), *snap.suites))) == 1796177397
 
 
 def test_against_takes_only_a_full_sha256_digest() -> None:
@@ -132,6 +134,17 @@ def test_a_folder_that_is_not_a_layout_is_a_clear_error(tmp_path: Path) -> None:
         repro.read_layout(tmp_path)
 
 
+def test_the_verdict_is_same_only_when_every_build_has_the_expected_digest() -> None:
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+    def verdict(expected: str | None, *digests: str) -> repro.Verdict:
+        return repro.Verdict(tuple(repro.Build(d, "sha256:c", 1.0) for d in digests), expected, 0, "k", ())
+
+    assert verdict(None, a, a).same and not verdict(None, a, b).same and not verdict(None, b, a).same
+    assert verdict(a, a).same  # --against: the one build is the printed digest
+    assert not verdict(b, a).same  # ... or it is not, however it compares with itself
+
+
 def test_a_long_list_is_cut_and_counted() -> None:
     assert repro.shown([str(i) for i in range(45)])[-1] == "... and 5 more"
     assert repro.shown(["a"]) == ["a"]
@@ -174,3 +187,17 @@ def test_a_record_that_cannot_go_ends_the_rounds() -> None:
     cache = _Cache({"a": None, "b": "a"}, busy=frozenset({"b"}))
     assert Engine(client=cache, labels={}).drop_build_records({"a", "b"}) == 0
     assert set(cache.parents) == {"a", "b"} and cache.calls == 2
+
+
+def test_an_engine_that_stops_answering_while_records_are_dropped_is_an_engine_error() -> None:
+    import requests
+
+    from builder.engine import EngineError
+    from builder.engine.docker import Engine
+
+    class Gone(_Cache):
+        def prune_builds(self, filters: dict[str, list[str]], all: bool) -> dict[str, object]:
+            raise requests.exceptions.ConnectionError("connection reset")
+
+    with pytest.raises(EngineError, match=r"stopped answering \(drop_build_records\): connection reset"):
+        Engine(client=Gone({"a": None}), labels={}).drop_build_records({"a"})

@@ -95,7 +95,9 @@ def save_oci(layers: list[bytes], compress: list[str], config: bytes | None = No
     names = []
     for data, how in zip(layers, compress, strict=True):
         blob = {"plain": data, "gzip": gzip.compress(data, mtime=0),
-                "zstd": zstandard.ZstdCompressor().compress(data)}[how]
+                "zstd": zstandard.ZstdCompressor().compress(data),
+                "zstd-2-frames": zstandard.ZstdCompressor().compress(data[:len(data) // 2]) +
+                zstandard.ZstdCompressor().compress(data[len(data) // 2:])}[how]
         names.append(f"blobs/sha256/{sha(blob)[7:]}")
         if (names[-1], blob) not in entries:
             entries.append((names[-1], blob))
@@ -215,13 +217,88 @@ def test_a_save_is_pushed_as_zstd_layers_whose_plain_tars_are_the_images(
     assert (remote.config_digest, remote.compression, remote.media_type) == (sha(config), "zstd", client.OCI_MANIFEST)
 
 
+def test_a_zstd_blob_of_several_frames_is_read_to_its_end() -> None:
+    """zstd allows a blob of concatenated frames; reading only the first would hash half a layer."""
+    fault, _, store = _push(save_oci(LAYERS[:2], ["zstd-2-frames"] * 2), config_of(LAYERS[:2]))
+    assert fault is None and served_layers(store, "t1") == LAYERS[:2]
+
+
+class CountingEngine(SaveEngine):
+    """A SaveEngine that counts the bytes of the save it has handed out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.served = 0
+
+    def save(self, ref: str) -> Iterator[bytes]:
+        for chunk in super().save(ref):
+            self.served += len(chunk)
+            yield chunk
+
+
+MIB = 1 << 20
+
+
+def test_metadata_up_to_4_mib_is_read_whole_and_a_bigger_entry_streams_by() -> None:
+    """An entry of up to 4 MiB (SMALL) is read whole: a config that big still is the config. A bigger
+    one goes to the registry as the save streams by, whatever its name, never held in memory whole."""
+    config = config_of(LAYERS[:1], pad="")
+    config = config_of(LAYERS[:1], pad="x" * (4 * MIB - len(config)))
+    assert len(config) == 4 * MIB
+    fault, _, store = _push(save_oci(LAYERS[:1], ["plain"], config), config)
+    assert fault is None and store.blobs[sha(config)] == config
+
+    big = layer_tar({"blob": os.urandom(4 * MIB + MIB // 2)})  # an OCI blob (named by its digest), not layer.tar
+    config = config_of([big])
+    engine, store = CountingEngine(), BlobStore()
+    engine.saves[sha(config)] = save_oci([big], ["plain"])
+    served_at_upload: list[int] = []
+    upload = store.upload_blob
+
+    def watched(body: bytes | Iterator[bytes], digest: str | Callable[[], str]) -> str | faults.Fault:
+        served_at_upload.append(engine.served)
+        return upload(body, digest)
+
+    store.upload_blob = watched  # type: ignore[method-assign]
+    assert zstdpush.ZstdPusher(engine, store).push(sha(config), "t1", push.PushTracker()) is None
+    assert served_layers(store, "t1") == [big]
+    assert served_at_upload[0] < len(big), (served_at_upload, len(big))
+
+
+def test_small_layers_go_to_the_pusher_as_they_stream_by_and_metadata_stays_whole() -> None:
+    """A small entry is a layer when it is compressed (gzip or zstd) or a tar; the rest is metadata.
+    (An empty layer, 1024 zero bytes, passes for metadata until manifest.json names it.)"""
+    sent: list[str] = []
+
+    def layer(name: str, raw: Any) -> zstdpush.Blob:
+        sent.append(name)
+        return zstdpush.Blob("", "", len(raw.read()))
+
+    config = config_of([LAYERS[0], LAYERS[1], EMPTY_LAYER])
+    saved = zstdpush.walk(iter([save_oci([LAYERS[0], LAYERS[1], EMPTY_LAYER], ["zstd", "gzip", "plain"], config)]),
+                          layer)
+    [entry] = json.loads(saved.small["manifest.json"])
+    blobs = entry["Layers"]
+    assert sorted(sent) == sorted(blobs[:2]) and set(saved.layers) == set(blobs[:2])
+    assert blobs[2] in saved.small and f"blobs/sha256/{sha(config)[7:]}" in saved.small
+    assert {"index.json", "oci-layout", "manifest.json"} <= set(saved.small)
+
+
+def test_the_save_stream_skips_empty_chunks_and_ends_with_zero() -> None:
+    stream = zstdpush.ChunkStream([b"ab", b"", b"cde"])
+    buf = bytearray(2)
+    got = [(stream.readinto(buf), bytes(buf)) for _ in range(4)]
+    assert got == [(2, b"ab"), (2, b"cd"), (1, b"ed"), (0, b"ed")]
+    assert zstdpush.ChunkStream([]).readinto(bytearray(4)) == 0
+
+
 def test_the_manifest_is_canonical_oci() -> None:
     config = config_of(LAYERS[:2])
     blobs = [zstdpush.Blob(sha(LAYERS[0]), "sha256:" + "1" * 64, 10), zstdpush.Blob(sha(LAYERS[1]), "sha256:" + "2" * 64, 20)]
     body = zstdpush.manifest_body(config, blobs)
     assert body == zstdpush.manifest_body(config, list(blobs))
     doc = json.loads(body)
-    assert list(doc) == ["schemaVersion", "mediaType", "config", "layers"]
+    assert list(doc) == ["schemaVersion", "mediaType", "config", "layers"] and doc["schemaVersion"] == 2
     assert doc["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
     assert doc["layers"] == [{"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd", "digest": "sha256:" + "1" * 64,
                               "size": 10}, {"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd",
@@ -291,16 +368,21 @@ def test_a_save_of_another_image_is_never_tagged() -> None:
     assert store.puts == []
 
 
-@pytest.mark.parametrize("broken", ["no-manifest-json", "not-json", "two-images", "no-config"])
+@pytest.mark.parametrize("broken", ["no-manifest-json", "not-json", "two-images", "no-config", "no-layer"])
 def test_a_malformed_save_is_a_local_fault(broken: str) -> None:
     config = config_of(LAYERS[:1])
     entries: list[tuple[str, bytes | str]] = [("a/layer.tar", LAYERS[0]), ("c.json", config)]
     manifest = {"no-manifest-json": None, "not-json": b"[", "two-images": b"[{}, {}]",
-                "no-config": json.dumps([{"Config": "missing.json", "Layers": ["a/layer.tar"]}]).encode()}[broken]
+                "no-config": json.dumps([{"Config": "missing.json", "Layers": ["a/layer.tar"]}]).encode(),
+                "no-layer": json.dumps([{"Config": "c.json", "Layers": ["a/layer.tar", "b/layer.tar"]}]).encode(),
+                }[broken]
     if manifest is not None:
         entries.append(("manifest.json", manifest))
     fault, _, store = _push(outer_tar(entries), config)
     assert fault is not None and (fault.kind, fault.transient) == ("local", False), fault
+    said = {"no-manifest-json": "no manifest.json", "not-json": "not one image's", "two-images": "not one image's",
+            "no-config": "lacks missing.json", "no-layer": "lacks b/layer.tar"}[broken]
+    assert said in fault.message, fault.message
     assert store.puts == []
 
 
@@ -366,6 +448,21 @@ def test_a_retry_sends_only_the_layers_that_did_not_get_there() -> None:
     assert not set(sent) & set(store.uploads[2:]), "a layer the registry had was sent again"
     assert {x[7:19] for x in sent} <= set(again.existing)
     assert served_layers(store, "t1") == LAYERS
+
+
+def test_a_retry_hashes_a_remembered_layer_to_its_end() -> None:
+    """A layer the registry already has is read again on a retry, to check its bytes: all of them, not
+    the first read's (the layer is bigger than one)."""
+    layers = [layer_tar({"big": bytes(range(256)) * ((zstdpush.CHUNK * 3 // 2) // 256)}), LAYERS[0]]
+    config = config_of(layers)
+    store = BlobStore(break_upload={3: faults.Fault("server", "503", True)})  # the config's upload fails
+    engine = SaveEngine()
+    engine.saves[sha(config)] = save_2010(layers)
+    pusher = zstdpush.ZstdPusher(engine, store)
+    assert pusher.push(sha(config), "t1", push.PushTracker()) is not None and len(store.uploads) == 2
+    again = push.PushTracker()
+    assert pusher.push(sha(config), "t1", again) is None, "a remembered layer was not hashed whole"
+    assert again.uploaded == [] and len(again.existing) == 2 and served_layers(store, "t1") == layers
 
 
 def test_a_known_entry_whose_bytes_changed_is_refused() -> None:
