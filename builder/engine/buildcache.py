@@ -30,9 +30,10 @@ class BuildCache:
     def drop_build_records(self, ids: set[str]) -> int:
         """Drop these layer records (what one build made, by :meth:`build_records` before and after it),
         never another's; the bytes freed. The engine takes one ID per prune, and removes a record
-        only once nothing built on it is left, so it goes round until a round frees nothing."""
+        only once nothing built on it is left, so it goes round until a round frees nothing (at most
+        one round per record)."""
         freed, left = 0, set(ids)
-        while left:
+        for _round in range(len(ids)):  # bounded: a round that frees anything frees one record at least
             gone: set[str] = set()
             for rid in sorted(left):
                 out = self.client.api.prune_builds(filters={"id": [rid]}, all=True) or {}
