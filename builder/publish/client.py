@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlencode, urljoin
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import requests
 
@@ -203,12 +203,14 @@ class RegistryClient:
         if isinstance(got, Fault) or got.status_code != 202:
             return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
         url = urljoin(url, got.headers.get("Location", ""))
-        got = self._send("PATCH", url, {"Content-Type": "application/octet-stream"}, body, what)
+        got = self._send("PATCH", url, {"Content-Type": "application/octet-stream"}, body, what,
+                         auth=self._own(url))
         if isinstance(got, Fault) or got.status_code != 202:
             return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
         url = urljoin(url, got.headers.get("Location", ""))
         want = digest() if callable(digest) else digest
-        got = self._send("PUT", url + ("&" if "?" in url else "?") + urlencode({"digest": want}), {}, b"", what)
+        got = self._send("PUT", url + ("&" if "?" in url else "?") + urlencode({"digest": want}), {}, b"", what,
+                         auth=self._own(url))
         if isinstance(got, Fault) or got.status_code != 201:
             return got if isinstance(got, Fault) else http_fault(got.status_code, got.headers, got.content, what)
         answered = got.headers.get("Docker-Content-Digest") or want
@@ -216,20 +218,28 @@ class RegistryClient:
             return Fault("protocol", f"{what}: sent {want}, the registry stored {answered}", False)
         return want
 
+    def _own(self, url: str) -> bool:
+        """Whether ``url`` is on the registry's own origin (scheme, host and port): an upload's Location
+        may name another (a storage backend), which gets the request but never the credentials."""
+        here, there = urlsplit(self.registry.api_base), urlsplit(url)
+        return (here.scheme, here.netloc) == (there.scheme, there.netloc)
+
     def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | Iterator[bytes] | None,
-              what: str) -> requests.Response | Fault:
+              what: str, auth: bool = True) -> requests.Response | Fault:
         """One request, answering a Basic or Bearer challenge once each (a PUT's token asks for push). A
-        streamed body can't be sent twice: a challenge to it is a fault (the POST before it answered them)."""
+        streamed body can't be sent twice: a challenge to it is a fault (the POST before it answered them).
+        ``auth=False`` (another origin): no credentials are sent, and a challenge is a fault."""
         tried: set[str] = set()
         while True:
             try:
                 call: Callable[..., requests.Response] = getattr(self.session, method.lower())
-                r = call(url, headers={**headers, **self._auth}, data=body, timeout=self.timeout, verify=self.verify)
+                r = call(url, headers={**headers, **(self._auth if auth else {})}, data=body, timeout=self.timeout,
+                         verify=self.verify)
             except requests.exceptions.RequestException as exc:
                 return exception_fault(exc, what)
             if r.status_code != 401:
                 return r
-            if body is not None and not isinstance(body, bytes):
+            if not auth or (body is not None and not isinstance(body, bytes)):
                 return http_fault(r.status_code, r.headers, r.content, what)
             scheme, params = parse_challenge(r.headers.get("WWW-Authenticate", ""))
             if scheme in tried or scheme not in ("basic", "bearer"):

@@ -515,7 +515,8 @@ class Response:
 class UploadSession:
     """A registry's blob endpoints; records (method, url, headers, body bytes)."""
 
-    def __init__(self, challenge: str = "") -> None:
+    def __init__(self, challenge: str = "", location: str = "/v2/ns/pt/blobs/uploads/u1?_state=s0") -> None:
+        self.location = location  # where the POST sends the upload
         self.calls: list[tuple[str, str, dict[str, str], bytes]] = []
         self.challenge = challenge  # a method that gets one 401 first
         self.trust_env = True
@@ -531,7 +532,7 @@ class UploadSession:
         if method == "HEAD":
             return Response(200 if url.rsplit("/", 1)[1] in self.stored else 404)
         if method == "POST":
-            return Response(202, {"Location": "/v2/ns/pt/blobs/uploads/u1?_state=s0"})
+            return Response(202, {"Location": self.location})
         if method == "PATCH":
             self.pending += body or b""
             return Response(202, {"Location": "http://127.0.0.1:5000/v2/ns/pt/blobs/uploads/u1?_state=s1"})
@@ -590,6 +591,22 @@ def test_upload_answers_a_challenge_before_the_stream_and_never_resends_one() ->
     s = UploadSession(challenge="PATCH")
     got = _client(s).upload_blob(iter([b"abc"]), sha(b"abc"))
     assert isinstance(got, faults.Fault) and got.kind == "auth" and [m for m, *_ in s.calls] == ["POST", "PATCH"]
+
+
+def test_an_upload_sent_to_another_origin_never_carries_the_credentials() -> None:
+    """The registry's Location may name a storage backend (another host, port or scheme): the bytes go
+    there, the registry's credentials do not. On the registry's own origin they do."""
+    for elsewhere in ("http://storage.example:9000/up/u1?_state=s0", "https://127.0.0.1:5000/v2/ns/pt/blobs/uploads/u1",
+                      "http://127.0.0.1:5001/v2/ns/pt/blobs/uploads/u1"):
+        s = UploadSession(challenge="POST", location=elsewhere)  # the registry asks for credentials, and gets them
+        _client(s).upload_blob(b"abc", sha(b"abc"))
+        (_challenged, post, patch, *_rest) = s.calls
+        assert post[0] == "POST" and "Authorization" in post[2]
+        assert patch[1].startswith(elsewhere.split("?")[0]) and "Authorization" not in patch[2], patch
+    s = UploadSession(challenge="POST", location="http://127.0.0.1:5000/v2/ns/pt/blobs/uploads/u1?_state=s0")
+    assert _client(s).upload_blob(b"abc", sha(b"abc")) == sha(b"abc")
+    assert [m for m, *_ in s.calls] == ["POST", "POST", "PATCH", "PUT"]
+    assert all("Authorization" in headers for _m, _u, headers, _b in s.calls[1:])
 
 
 def test_upload_faults() -> None:
