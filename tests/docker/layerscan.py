@@ -12,11 +12,13 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
 import pytest
+
+from builder.publish.zstdpush import ChunkStream  # the same stream the zstd pusher reads
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -38,29 +40,6 @@ class Scanner:
         self.found |= {m for m in self.markers if m in window}
         self.tail = window[-self.keep:] if self.keep else b""
         self.bytes += len(chunk)
-
-
-class ChunkStream(io.RawIOBase):
-    """A readable file over an iterator of byte chunks (docker-py's ``image.save()``), without
-    copying what is left of a chunk on every read (tarfile reads in small records)."""
-
-    def __init__(self, chunks: Iterable[bytes]) -> None:
-        self.chunks = iter(chunks)
-        self.buf = memoryview(b"")
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        while not self.buf:
-            try:
-                self.buf = memoryview(next(self.chunks))
-            except StopIteration:
-                return 0
-        n = min(len(b), len(self.buf))
-        b[:n] = self.buf[:n]
-        self.buf = self.buf[n:]
-        return n
 
 
 class _Tee(io.RawIOBase):
