@@ -1,6 +1,6 @@
 """Headless Chromium driven over the DevTools protocol (websocket-client).
 
-Shared by the runtime tests (tests/integration/test_runtime.py) and the README
+Shared by the runtime tests (tests/docker/test_runtime.py) and the README
 pictures (scripts/pictures.py). Needs Debian's `chromium` on the host.
 """
 

@@ -6,7 +6,7 @@ Small images (FROM scratch, a random blob, cell labels) stand in for cells where
 the property doesn't need torch: they push in seconds. Only the last test pushes the
 real cell image (`test_image`, several GB).
 
-    python -m pytest -m docker tests/integration/test_publish.py
+    python -m pytest tests/docker/test_publish.py
 """
 
 from __future__ import annotations

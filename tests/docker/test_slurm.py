@@ -2,7 +2,7 @@
 real (one-node, localhost) Slurm cluster: the image's DDP job passes over gloo with 2 CPU ranks,
 and a rank that crashes fails the Slurm job.
 
-The cluster (tests/integration/slurm_local.py) is Debian's slurm-wlm 22.05 + munge, started and
+The cluster (tests/docker/slurm_local.py) is Debian's slurm-wlm 22.05 + munge, started and
 stopped by this module. The job's containers are labelled project=pt-multi-gpu and
 io.pt-multi-gpu.slurm-job=<id>; whatever is left of them is removed in a finally.
 """
