@@ -195,6 +195,14 @@ def _push(saved: bytes, config: bytes, tag: str = "t1", store: BlobStore | None 
     return pusher.push(sha(config), tag, tracker), tracker, store
 
 
+def _pusher(layers: list[bytes], store: BlobStore | None = None
+            ) -> tuple[bytes, BlobStore, SaveEngine, zstdpush.ZstdPusher]:
+    """A pusher over one image of ``layers`` (saved as 20.10 does): its config, registry, engine, pusher."""
+    config, store, engine = config_of(layers), store or BlobStore(), SaveEngine()
+    engine.saves[sha(config)] = save_2010(layers)
+    return config, store, engine, zstdpush.ZstdPusher(engine, store)
+
+
 # --- the layouts ------------------------------------------------------------------------------
 @pytest.mark.parametrize("small", [zstdpush.SMALL, 1000], ids=["small-entries-whole", "every-layer-streamed"])
 @pytest.mark.parametrize("layout", ["2010", "oci-plain", "oci-compressed"])
@@ -418,11 +426,7 @@ def test_another_tag_of_the_same_image_sends_no_blob() -> None:
 
 
 def test_another_tag_whose_blobs_went_missing_is_pushed_again() -> None:
-    config = config_of(LAYERS[:2])
-    store = BlobStore()
-    engine = SaveEngine()
-    engine.saves[sha(config)] = save_2010(LAYERS[:2])
-    pusher = zstdpush.ZstdPusher(engine, store)
+    config, store, _engine, pusher = _pusher(LAYERS[:2])
     assert pusher.push(sha(config), "t1", push.PushTracker()) is None
     lost = json.loads(store.manifests["t1"])["layers"][1]["digest"]
     del store.blobs[lost]  # garbage-collected between the tags
@@ -433,11 +437,8 @@ def test_another_tag_whose_blobs_went_missing_is_pushed_again() -> None:
 
 
 def test_a_retry_sends_only_the_layers_that_did_not_get_there() -> None:
-    config = config_of(LAYERS)
-    store = BlobStore(break_upload={3: faults.Fault("network", "connection reset", True)})
-    engine = SaveEngine()
-    engine.saves[sha(config)] = save_2010(LAYERS)
-    pusher = zstdpush.ZstdPusher(engine, store)
+    broken = BlobStore(break_upload={3: faults.Fault("network", "connection reset", True)})
+    config, store, _engine, pusher = _pusher(LAYERS, broken)
     first = push.PushTracker()
     fault = pusher.push(sha(config), "t1", first)
     assert fault is not None and fault.transient and store.puts == []
@@ -454,11 +455,8 @@ def test_a_retry_hashes_a_remembered_layer_to_its_end() -> None:
     """A layer the registry already has is read again on a retry, to check its bytes: all of them, not
     the first read's (the layer is bigger than one)."""
     layers = [layer_tar({"big": bytes(range(256)) * ((zstdpush.CHUNK * 3 // 2) // 256)}), LAYERS[0]]
-    config = config_of(layers)
-    store = BlobStore(break_upload={3: faults.Fault("server", "503", True)})  # the config's upload fails
-    engine = SaveEngine()
-    engine.saves[sha(config)] = save_2010(layers)
-    pusher = zstdpush.ZstdPusher(engine, store)
+    broken = BlobStore(break_upload={3: faults.Fault("server", "503", True)})  # the config's upload fails
+    config, store, _engine, pusher = _pusher(layers, broken)
     assert pusher.push(sha(config), "t1", push.PushTracker()) is not None and len(store.uploads) == 2
     again = push.PushTracker()
     assert pusher.push(sha(config), "t1", again) is None, "a remembered layer was not hashed whole"
@@ -468,11 +466,7 @@ def test_a_retry_hashes_a_remembered_layer_to_its_end() -> None:
 def test_a_known_entry_whose_bytes_changed_is_refused() -> None:
     """What the run remembers is keyed by the save's entry names; bytes that hash otherwise under a
     remembered name are refused, never tagged with the remembered blob."""
-    config = config_of(LAYERS[:2])
-    store = BlobStore()
-    engine = SaveEngine()
-    engine.saves[sha(config)] = save_2010(LAYERS[:2])
-    pusher = zstdpush.ZstdPusher(engine, store)
+    config, store, engine, pusher = _pusher(LAYERS[:2])
     store.break_upload[3] = faults.Fault("server", "503", True)  # the config's upload fails: retry
     assert pusher.push(sha(config), "t1", push.PushTracker()) is not None
     with tarfile.open(fileobj=io.BytesIO(engine.saves[sha(config)])) as tar:
@@ -486,11 +480,7 @@ def test_a_known_entry_whose_bytes_changed_is_refused() -> None:
 
 
 def test_registry_faults_and_engine_errors_become_faults() -> None:
-    config = config_of(LAYERS[:1])
-    store = BlobStore()
-    engine = SaveEngine()
-    engine.saves[sha(config)] = save_2010(LAYERS[:1])
-    pusher = zstdpush.ZstdPusher(engine, store)
+    config, store, _engine, pusher = _pusher(LAYERS[:1])
     assert pusher.push(sha(config), "t1", push.PushTracker()) is None
     store.blob_exists = lambda d: faults.Fault("server", "HTTP 502", True)  # type: ignore[method-assign,assignment]
     fault = pusher.push(sha(config), "t2", push.PushTracker())
