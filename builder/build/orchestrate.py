@@ -10,11 +10,12 @@ tag, so earlier good images stay where they are.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -126,16 +127,30 @@ class _Builder:
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
             return self.engine.build(req, lambda line: self.on_line(spec.name, line), self.cli())
 
-    def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path,
-                   epoch_of: Callable[[Snapshot], int | None]) -> tuple[BuildOutcome, Snapshot, int]:
-        """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the epoch
-        ``epoch_of`` gives for the Debian snapshot (`build.py repro`); the engine's images are untouched."""
+    def _render(self, spec: ImageSpec) -> render.Rendered:
+        """The cell's Dockerfile, written when it changed (except in a dry run)."""
         (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
-        render.write([rendered])
+        if not self.cfg.dry_run and render.write([rendered]):
+            # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
+            log.info("%s: rendered %s", spec.name, rendered.path)
+        return rendered
+
+    @contextlib.contextmanager
+    def _staged(self, spec: ImageSpec, lock: supply.LockState, files: Sequence[Path]) -> Iterator[Path]:
+        """A build context folder of this build's alone, with the verified wheels and the copied files."""
+        with self.slots.slot() as context:
+            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
+                           self.cfg.wheel_store)
+            yield context
+
+    def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> tuple[BuildOutcome, Snapshot, int]:
+        """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the Debian
+        snapshot's epoch (`build.py repro`); the engine's images are untouched."""
+        rendered = self._render(spec)
         files = context_files(self.cfg.root)
         lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)
         snap = self.snapshots.for_base(spec.base, spec.os, spec.arch, None, spec.ref)
-        epoch = epoch_of(snap)
+        epoch = snap.epoch()
         if epoch is None:
             raise StepFailed(f"{spec.name}: the Debian archive's state is not known ({snap.describe()}), so there "
                              "is no SOURCE_DATE_EPOCH to build with; a reproducible build needs the mirrors")
@@ -143,9 +158,7 @@ class _Builder:
         self.base_id(spec)
         self._check_sources(spec.base_ref, spec.os)
         before = self.engine.build_records()
-        with self.slots.slot() as context:
-            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
-                           self.cfg.wheel_store)
+        with self._staged(spec, lock, files) as context:
             outcome = self._run_build(spec, rendered.path, log_path, True, context, dest, epoch)
         self._drop_contexts(spec)
         # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
@@ -195,11 +208,8 @@ class _Builder:
             if not emu.ok:
                 return CellResult(spec.name, "failed", message=f"{spec.platform} is built under emulation, and "
                                   f"{emu.describe()}\nfix: {emulation.FIX}")
-        (rendered,) = render.plan([spec], self.cfg.docker_dir, self.cfg.source)
+        rendered = self._render(spec)
         dockerfile, text = rendered.path, rendered.text
-        if not self.cfg.dry_run and render.write([rendered]):
-            # The Dockerfile is derived data: keep it current, and say so (`render --check` shows it in git).
-            log.info("%s: rendered %s", spec.name, dockerfile)
         files = context_files(self.cfg.root)
         lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # the lock agrees with images.yaml
         existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
@@ -218,9 +228,7 @@ class _Builder:
         if self.cli() is None:
             return CellResult(spec.name, "failed", message=supply.CLASSIC_REFUSAL)
         self._check_sources(spec.base_ref, spec.os)
-        with self.slots.slot() as context:  # verified wheels + copied files, this build's alone
-            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
-                           self.cfg.wheel_store)
+        with self._staged(spec, lock, files) as context:
             outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, context)
             if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
                 # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
@@ -259,10 +267,9 @@ def failure_text(step: str, tail: Sequence[str], log_path: Path) -> str:
 
 
 def export_reproducible(engine: Engine, spec: ImageSpec, cfg: BuildConfig, dest: Path, log_path: Path,
-                        epoch_of: Callable[[Snapshot], int | None],
                         on_line: Callable[[str, str], None]) -> tuple[BuildOutcome, Snapshot, int]:
     """One uncached build of ``spec`` into the OCI layout folder ``dest`` (see :meth:`_Builder.export_oci`)."""
-    return _Builder(engine, cfg, on_line).export_oci(spec, dest, log_path, epoch_of)
+    return _Builder(engine, cfg, on_line).export_oci(spec, dest, log_path)
 
 
 def build_all(engine: Engine, cells: Sequence[ImageSpec], cfg: BuildConfig,

@@ -62,6 +62,16 @@ class Snapshot:
         dates = ", ".join(f"{s.suite} {s.date}" for s in self.suites)
         return f"{self.key or '-'} ({self.source}{': ' + dates if dates else ''})"
 
+    def epoch(self) -> int | None:
+        """SOURCE_DATE_EPOCH for this snapshot: its newest suite's Release date (None: not known)."""
+        stamps = []
+        for suite in self.suites:
+            try:
+                stamps.append(dt.datetime.strptime(suite.date, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc))
+            except ValueError:
+                continue
+        return int(max(stamps).timestamp()) if stamps else None
+
 
 def iso_date(text: str) -> str:
     """``Sun, 29 Nov 2026 00:53:13 UTC`` -> ``2026-11-29T00:53:13Z``."""

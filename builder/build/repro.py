@@ -8,7 +8,7 @@ the files that differ are named (path, and what differs: content, mode, owner, s
 With ``--against DIGEST`` one build is compared with a digest printed by an earlier run, on this
 machine or another (docs/supply-chain.md).
 
-SOURCE_DATE_EPOCH is the Debian snapshot's newest Release date (:func:`epoch_of`): the same for every
+SOURCE_DATE_EPOCH is the Debian snapshot's newest Release date (:meth:`Snapshot.epoch`): the same for every
 build of one snapshot, and a real date (the archive state the OS layer applied), not 1970.
 Only the exporter reads it: no RUN declares it, so it never keys the layer cache.
 """
@@ -16,7 +16,6 @@ Only the exporter reads it: no RUN declares it, so it never keys the layer cache
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import gzip
 import hashlib
 import io
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.build.orchestrate import BuildConfig, export_reproducible, failure_text
-from builder.build.os_snapshot import Snapshot
 from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.engine import BuildkitCli, Engine
@@ -61,17 +59,6 @@ def cannot(cli: BuildkitCli | None, store: Store, api_version: str | None) -> st
     if store.kind != CONTAINERD:
         return NOT_CONTAINERD.format(store=store.kind)
     return None
-
-
-def epoch_of(snapshot: Snapshot) -> int | None:
-    """SOURCE_DATE_EPOCH for one Debian snapshot: its newest suite's Release date (None: not known)."""
-    stamps = []
-    for suite in snapshot.suites:
-        try:
-            stamps.append(dt.datetime.strptime(suite.date, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc))
-        except ValueError:
-            continue
-    return int(max(stamps).timestamp()) if stamps else None
 
 
 # --- the OCI layout ---------------------------------------------------------------------------------
@@ -209,7 +196,7 @@ def reproduce(engine: Engine, spec: ImageSpec, cfg: BuildConfig, workdir: Path, 
         log_path = cfg.log_dir / f"{spec.name}.repro-{'ab'[n]}.log"
         log.info("%s: build %d of %d, from scratch, into %s", spec.name, n + 1, 1 if against else 2, dest)
         t0 = time.monotonic()
-        outcome, snap, epoch = export_reproducible(engine, spec, cfg, dest, log_path, epoch_of, on_line)
+        outcome, snap, epoch = export_reproducible(engine, spec, cfg, dest, log_path, on_line)
         if not outcome.ok:
             raise StepFailed(f"{spec.name}: build {n + 1} failed\n" +
                              failure_text(outcome.failed_step, outcome.tail, log_path))

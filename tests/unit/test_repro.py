@@ -51,11 +51,11 @@ def test_the_epoch_is_the_snapshots_newest_release_date() -> None:
     snap = Snapshot("sha256:k", (SuiteState("bookworm", "2026-07-11T10:16:37Z", "p"),
                                  SuiteState("bookworm-updates", "2026-12-02T02:09:57Z", "p"),
                                  SuiteState("bookworm-security", "2026-12-01T19:40:00Z", "p")))
-    assert repro.epoch_of(snap) == 1796177397  # 2026-12-02T02:09:57Z
-    assert repro.epoch_of(Snapshot("sha256:k", (), "PTMG_OS_SNAPSHOT")) is None
-    assert repro.epoch_of(Snapshot("", (SuiteState("x", "not a date", "p"),))) is None
+    assert snap.epoch() == 1796177397  # 2026-12-02T02:09:57Z
+    assert Snapshot("sha256:k", (), "PTMG_OS_SNAPSHOT").epoch() is None
+    assert Snapshot("", (SuiteState("x", "not a date", "p"),)).epoch() is None
     # a suite whose date does not parse is passed over, and the suites after it still count
-    assert repro.epoch_of(Snapshot("sha256:k", (SuiteState("x", "not a date", "p"), *snap.suites))) == 1796177397
+    assert Snapshot("sha256:k", (SuiteState("x", "not a date", "p"), *snap.suites)).epoch() == 1796177397
 
 
 def test_against_takes_only_a_full_sha256_digest() -> None:
