@@ -41,7 +41,8 @@ def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
 
 
 def one_of(*values: str) -> Callable[[str], str]:
-    """One of ``values``, spelled exactly."""
+    """One of ``values``, spelled exactly. Unlike ``choices=``, a ``type`` also checks a default taken from
+    the environment (argparse passes a string default through it), so a bad env value is refused too."""
 
     def parse(text: str) -> str:
         if text not in values:
