@@ -3,6 +3,14 @@
     flock /tmp/ptmg-docker.lock .venv/bin/python bench/bench_build.py [--cell 2.7.0-cuda12.6-cudnn9-runtime]
         [--skip-cold] [--repro]
 
+On the engine DOCKER_HOST names (default: the system's); `build.py build` picks its builder there as
+a user's build would. On Docker 28 (scripts/engine28.sh start overlay2, then its environment):
+
+    set -a; eval "$(scripts/engine28.sh start overlay2)"; set +a   # DOCKER_HOST, DOCKER_CONFIG, PTMG_E28_BIN
+    docker -H unix:///var/run/docker.sock save debian:bookworm-slim | PATH=$PTMG_E28_BIN:$PATH docker load
+    PATH=$PTMG_E28_BIN:$PATH .venv/bin/python bench/bench_build.py
+    scripts/engine28.sh stop
+
 Figures (targets are the project's requirements; every figure of one run comes from that run):
   1. no-op rebuild of the native default matrix                  < 2 s, nothing rebuilt
   2. the pip floor: `pip download` + `pip install` of the cell's top-level requirements into a
@@ -12,6 +20,8 @@ Figures (targets are the project's requirements; every figure of one run comes f
   4. after, cold: `build.py build --force --no-cache` with an EMPTY wheel store: the whole build
      (fetch, context transfer, every layer, export, probe)    <= 1.0x the floor (2)
      and its torch RUN                                          <= 0.5x the torch RUN of (3)
+     4b. where the builder is buildx (whose default is the loopback wheel server): the same cold
+     build with the wheels in the build context (PTMG_WHEEL_TRANSPORT=context), for comparison
   5. after, warm: the same with the store filled (a rebuild without the layer cache)
   6. rebuild after an entrypoint/-only change                   <= 10% of the cold build
   7. --repro: two --no-cache builds of the cell from the same lock: their file trees compared
@@ -48,7 +58,7 @@ from builder.render import dockerfile  # noqa: E402
 from builder.spec import ImageSpec, load_matrix  # noqa: E402
 
 PY = sys.executable
-DOCKER = "/usr/bin/docker"
+DOCKER = "/usr/bin/docker"  # a 20.10 client: it speaks to newer engines too (DOCKER_HOST)
 LABELS = ["--label", "project=pt-multi-gpu", "--label", "ptmg-helper=bench"]
 
 
@@ -203,7 +213,8 @@ def prune_own_records(since: float) -> int:
     """Remove the BuildKit records created after `since` that nothing uses (by id; never a cache mount)."""
     freed = 0
     for _ in range(8):  # children before parents: a parent frees nothing while a child holds it
-        r = run(["curl", "-s", "--unix-socket", "/var/run/docker.sock", "http://localhost/system/df"])
+        sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+        r = run(["curl", "-s", "--unix-socket", sock, "http://localhost/system/df"])
         records = (json.loads(r.stdout or "{}").get("BuildCache") or [])
         mine = [b for b in records if not b.get("InUse") and _epoch(str(b.get("CreatedAt", ""))) >= since
                 and (b.get("Type") != "exec.cachemount" or BENCH_TOKEN in str(b.get("Description", "")))]
@@ -226,6 +237,36 @@ def _epoch(stamp: str) -> float:
             tzinfo=dt.timezone.utc).timestamp()
     except ValueError:
         return 0.0
+
+
+# --- 4. cold builds -------------------------------------------------------------------------------------
+def cold_build(cell: str, config: Path, started: float, env: dict[str, str]) -> tuple[float, dict[str, Any], str]:
+    """One cold build (none of the cell's wheels in the store, no layer cache): (seconds, step times
+    with a 'parts' summary, a description of the build)."""
+    need_disk(7, "the cold build")
+    gone = empty_store_of(cell)  # cold: none of the cell's wheels in the store (they come back)
+    seconds, _, err = timed_build(["--config", str(config), "--only", cell, "--force", "--no-cache"], env)
+    log = (ROOT / "build-logs" / f"{cell}.log").read_text()
+    run([DOCKER, "image", "rm", "-f", f"{BENCH_REPO}:{cell}"])
+    prune_own_records(started)
+    s: dict[str, Any] = dict(step_times(log))
+    fetched = re.search(r"downloaded \(([\d.]+) GB\) in ([\d.]+) s( while the build ran)?", err)
+    loopback = "from the loopback wheel server" in err
+    fetch = f"{fetched.group(1)} GB in {fetched.group(2)} s" if fetched else "-"
+    s["parts"] = (f"fetch {fetch}{' (during the build)' if loopback else ''}, context {context_bytes(log)}, "
+                  f"OS {s.get('os', 0):.1f} s, torch {s.get('torch', 0):.1f} s, tools {s.get('tools', 0):.1f} s, "
+                  f"SBOM {s.get('sbom', 0):.1f} s, export {s.get('export', 0):.1f} s")
+    return seconds, s, f"none of its {gone} wheels in the store, no layer cache, transport " + (
+        "loopback" if loopback else "context")
+
+
+def engine_line() -> str:
+    """Which engine, store and builder ran the figures."""
+    v = run([DOCKER, "version", "--format", "{{.Server.Version}}"]).stdout.strip()
+    driver = run([DOCKER, "info", "--format", "{{.Driver}} {{json .DriverStatus}}"]).stdout.strip()
+    classic = f"classic store ({(driver.split() or ['?'])[0]})"
+    store = "containerd image store" if "io.containerd.snapshotter" in driver else classic
+    return f"engine: Docker {v}, {store}, DOCKER_HOST={os.environ.get('DOCKER_HOST', '(default)')}"
 
 
 # --- 7. reproducibility ---------------------------------------------------------------------------------
@@ -286,7 +327,7 @@ def main() -> None:
     started = time.time()
     cells = load_matrix(ROOT / "images.yaml").cells
     spec = next(c for c in cells if c.name == a.cell)
-    out: list[str] = ["| figure | result | target |", "|---|---|---|"]
+    out: list[str] = [engine_line(), "", "| figure | result | target |", "|---|---|---|"]
 
     _, planned, _ = timed_build(["--dry-run"])
     stale = [str(r["cell"]) for r in planned if r["status"] != "skipped"]
@@ -314,24 +355,17 @@ def main() -> None:
         out.append(f"| 3. before locked installs: pip torch RUN / tools RUN, cold | {b.get('torch', 0):.1f} s / "
                    f"{b.get('tools', 0):.1f} s | |")
         prune_own_records(started)
-        need_disk(7, "the cold build")
-        gone = empty_store_of(a.cell)  # cold: none of the cell's wheels in the store (they come back)
-        cold, _, err = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])
-        log = (ROOT / "build-logs" / f"{a.cell}.log").read_text()
-        run([DOCKER, "image", "rm", "-f", bench_ref])
-        prune_own_records(started)
-        s = step_times(log)
-        fetched = re.search(r"downloaded \(([\d.]+) GB\) in ([\d.]+) s", err)
-        out.append(f"| 4. after, cold (none of its {gone} wheels in the store, no layer cache): whole build | "
-                   f"{cold:.0f} s = "
-                   f"{cold / floor:.2f}x the floor | <= 1.0x the floor |")
-        fetch = f"{fetched.group(1)} GB in {fetched.group(2)} s" if fetched else "-"
-        out.append(f"| 4. ... of which: fetch {fetch}, context {context_bytes(log)}, OS {s.get('os', 0):.1f} s, "
-                   f"torch {s.get('torch', 0):.1f} s, "
-                   f"tools {s.get('tools', 0):.1f} s, SBOM {s.get('sbom', 0):.1f} s, export {s.get('export', 0):.1f} s"
-                   " | |")
+        cold, s, line = cold_build(a.cell, config, started, {})
+        out.append(f"| 4. after, cold ({line}): whole build | {cold:.0f} s = {cold / floor:.2f}x the floor "
+                   "| <= 1.0x the floor |")
+        out.append(f"| 4. ... of which: {s['parts']} | |")
         out.append(f"| 4. torch RUN after / before | {s.get('torch', 0):.1f} s / {b.get('torch', 0):.1f} s = "
                    f"{s.get('torch', 0) / max(b.get('torch', 1), 0.1):.2f}x | <= 0.5x |")
+        if "transport loopback" in line:
+            other, o, oline = cold_build(a.cell, config, started, {"PTMG_WHEEL_TRANSPORT": "context"})
+            out.append(f"| 4b. the same, wheels in the build context ({oline}): whole build | {other:.0f} s = "
+                       f"{other / floor:.2f}x the floor | |")
+            out.append(f"| 4b. ... of which: {o['parts']} | |")
         need_disk(8, "the warm build")
         warm, _, _ = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])
         w = step_times((ROOT / "build-logs" / f"{a.cell}.log").read_text())

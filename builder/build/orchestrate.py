@@ -38,6 +38,7 @@ from builder.engine import (
     missing_builder,
 )
 from builder.host import emulation
+from builder.lock import wheelserver
 from builder.render import dockerfile as render
 from builder.spec import ImageSpec
 from builder.spec.model import DEFAULT_PLATFORM
@@ -74,6 +75,15 @@ class CellResult:
     image_id: str | None = None
     message: str = ""
     log_path: Path | None = None
+
+
+@dataclass(frozen=True)
+class _Staged:
+    """A staged build: its context folder, and for the loopback wheel server its secret and network."""
+
+    context: Path
+    secrets: dict[str, Path] = field(default_factory=dict)
+    network: str | None = None
 
 
 class _Builder:
@@ -116,12 +126,12 @@ class _Builder:
             return self.engine.image_id(spec.base_ref)
 
     def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool,
-                   context: Path, oci_dest: Path | None = None, epoch: int | None = None) -> BuildOutcome:
+                   staged: _Staged, oci_dest: Path | None = None, epoch: int | None = None) -> BuildOutcome:
         with secret_files(self.cfg.build_env) as secrets:
-            req = BuildRequest(context, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
-                               secrets, log_path, no_cache,
+            req = BuildRequest(staged.context, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
+                               {**secrets, **staged.secrets}, log_path, no_cache,
                                platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform,
-                               oci_dest=oci_dest, source_date_epoch=epoch)
+                               oci_dest=oci_dest, source_date_epoch=epoch, network=staged.network)
             snap = self._os.get(spec.name)
             if snap is not None and snap.key:  # the OS layer's cache key; never in the Dockerfile
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
@@ -136,12 +146,20 @@ class _Builder:
         return rendered
 
     @contextlib.contextmanager
-    def _staged(self, spec: ImageSpec, lock: supply.LockState, files: Sequence[Path]) -> Iterator[Path]:
-        """A build context folder of this build's alone, with the verified wheels and the copied files."""
+    def _staged(self, spec: ImageSpec, lock: supply.LockState, files: Sequence[Path]) -> Iterator[_Staged]:
+        """A build context folder of this build's alone, with the copied files and the verified wheels:
+        in the context, or (a buildx builder) from the loopback wheel server while the build runs."""
+        cli = self.cli()
+        how = supply.transport(cli is not None and cli.buildx, os.environ)
+        lock_root = self.cfg.lock_root or self.cfg.root
         with self.slots.slot() as context:
-            supply.prepare(spec, lock, context, self.cfg.root, self.cfg.lock_root or self.cfg.root, files, self.net,
-                           self.cfg.wheel_store)
-            yield context
+            if how == supply.LOOPBACK:
+                with supply.served(spec, lock, context, self.cfg.root, lock_root, files, self.net,
+                                   self.cfg.wheel_store) as server:
+                    yield _Staged(context, {wheelserver.SECRET_ID: server.secret}, "host")
+            else:
+                supply.prepare(spec, lock, context, self.cfg.root, lock_root, files, self.net, self.cfg.wheel_store)
+                yield _Staged(context)
 
     def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> tuple[BuildOutcome, Snapshot, int]:
         """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the Debian
@@ -158,8 +176,8 @@ class _Builder:
         self.base_id(spec)
         self._check_sources(spec.base_ref, spec.os)
         before = self.engine.build_records()
-        with self._staged(spec, lock, files) as context:
-            outcome = self._run_build(spec, rendered.path, log_path, True, context, dest, epoch)
+        with self._staged(spec, lock, files) as staged:
+            outcome = self._run_build(spec, rendered.path, log_path, True, staged, dest, epoch)
         self._drop_contexts(spec)
         # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
         freed = self.engine.drop_build_records(self.engine.build_records() - before)
@@ -228,14 +246,14 @@ class _Builder:
         if self.cli() is None:
             return CellResult(spec.name, "failed", message=supply.CLASSIC_REFUSAL)
         self._check_sources(spec.base_ref, spec.os)
-        with self._staged(spec, lock, files) as context:
-            outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, context)
+        with self._staged(spec, lock, files) as staged:
+            outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, staged)
             if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
                 # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
                 # cached layers from the old base were reused. Never ship that; rebuild uncached.
                 log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
                             spec.name, spec.base_ref)
-                outcome = self._run_build(spec, dockerfile, log_path, True, context)
+                outcome = self._run_build(spec, dockerfile, log_path, True, staged)
         self._drop_contexts(spec)
         if not outcome.ok or outcome.image_id is None:
             return CellResult(spec.name, "failed", time.monotonic() - start,

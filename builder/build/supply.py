@@ -5,9 +5,17 @@ For one cell, in order (orchestrate.py calls these):
 1. :func:`lock_state` (offline, milliseconds; before the skip-unchanged check): the lock must exist
    and agree with images.yaml (else the cell fails with the difference and `build.py lock`);
    its digest and the build-host uv wheel's sha256 go into the inputs hash.
-2. :func:`prepare` (only when the cell is built): verify or download the lock's wheels and uv
-   into the host's wheel store (the host's index, proxy and CA settings: the build's own), then
-   stage them with the copied files into the slot's context folder.
+2. Only when the cell is built, one of two ways for the wheels to reach the installing RUNs
+   (:func:`transport`):
+
+   - :func:`prepare` (``context``): verify or download the lock's wheels and uv into the host's
+     wheel store (the host's index, proxy and CA settings: the build's own), then stage them with
+     the copied files into the slot's context folder. BuildKit copies the whole context in before
+     any RUN starts.
+   - :func:`served` (``loopback``, where the builder runs the build in the host's network): stage
+     the context without the wheels, start a loopback wheel server (builder.lock.wheelserver) and
+     fetch the wheels into the store while the build runs: the fetch overlaps the OS layer, and
+     the 3 GB never enter the context.
 
 The classic builder cannot bind-mount the staged wheels into a RUN; such builds are refused
 (:data:`CLASSIC_REFUSAL`) rather than installing from anywhere else.
@@ -18,18 +26,20 @@ from __future__ import annotations
 import fcntl
 import os
 import queue
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder.build.buildenv import BuildEnv, bundle, public_roots
-from builder.common.errors import InputError
+from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
-from builder.lock import check, model, staging, uvbin
+from builder.lock import check, model, staging, uvbin, wheelserver
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig
 from builder.lock.store import Store, default_store
+from builder.lock.target import LAYERS
 from builder.spec import ImageSpec
 
 CLASSIC_REFUSAL = ("the classic builder cannot bind-mount the locked, hash-checked wheels into the installing "
@@ -116,17 +126,77 @@ def facts(spec: ImageSpec) -> dict[str, str]:
             "python": spec.python, "platform": spec.platform, "flavour": spec.flavour, "base": spec.base}
 
 
+CONTEXT, LOOPBACK = "context", "loopback"
+TRANSPORT_ENV = "PTMG_WHEEL_TRANSPORT"
+
+
+def transport(buildx: bool, environ: Mapping[str, str]) -> str:
+    """How the wheels reach the RUNs: ``loopback`` where the builder is buildx (its builds can run in
+    the host's network), ``context`` for Debian 12's 20.10 CLI (exactly as it always has).
+    ``PTMG_WHEEL_TRANSPORT=context|loopback`` chooses (benchmarks compare the two on one engine)."""
+    given = environ.get(TRANSPORT_ENV, "").strip()
+    if given in (CONTEXT, LOOPBACK):
+        return given
+    if given:
+        raise InputError(f"{TRANSPORT_ENV}={given!r}: not a wheel transport; use {CONTEXT} or {LOOPBACK}")
+    return LOOPBACK if buildx else CONTEXT
+
+
+def _context_files(spec: ImageSpec, state: LockState, lock_root: Path, store: Store) -> tuple[bytes, dict[str, object]]:
+    """The host's uv (fetched and verified first: the context needs it) and the SBOM's input."""
+    uv_wheel = uvbin.host_wheel(lock_root)
+    store.ensure([uv_wheel])
+    return (uvbin.binary(store.file(uv_wheel)),
+            staging.sbom_input(state.lock, facts(spec), state.path.relative_to(lock_root).as_posix(), state.digest))
+
+
 def prepare(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: Path, files: Sequence[Path],
             net: NetConfig, store_path: Path | None = None) -> None:
     """Fill the store with the cell's wheels and the host's uv (verified), then stage the context ``ctx``."""
     store = Store(store_path or default_store(), net)
-    uv_wheel = uvbin.host_wheel(lock_root)
     wheels = [p.wheel for p in state.lock.packages]
-    stats = store.ensure([*wheels, uv_wheel])
+    stats = store.ensure(wheels)
     if stats.downloaded:
         log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s, %d already in %s", spec.name, stats.downloaded,
                  stats.bytes_downloaded / 1e9, stats.seconds, stats.present, store.path)
-    staging.stage(ctx, root, files, state.lock, {w.filename: store.file(w) for w in wheels},
-                  uvbin.binary(store.file(uv_wheel)),
-                  staging.sbom_input(state.lock, facts(spec), state.path.relative_to(lock_root).as_posix(),
-                                     state.digest))
+    uv, sbom = _context_files(spec, state, lock_root, store)
+    staging.stage(ctx, root, files, state.lock, {w.filename: store.file(w) for w in wheels}, uv, sbom)
+
+
+@contextmanager
+def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: Path, files: Sequence[Path],
+           net: NetConfig, store_path: Path | None = None) -> Iterator[wheelserver.WheelServer]:
+    """Stage ``ctx`` without the wheels, and serve them on the loopback while they are fetched into the
+    store; the body runs the build. A failed fetch raises its own error after the build (whose
+    install RUN got a 503 for that wheel), so the cell fails with the cause, not uv's symptom."""
+    store = Store(store_path or default_store(), net)
+    uv, sbom = _context_files(spec, state, lock_root, store)
+    staging.stage(ctx, root, files, state.lock, None, uv, sbom)
+    layers = {layer: [p.wheel.filename for p in state.lock.layer(layer)] for layer in LAYERS}
+    failed: list[StepFailed] = []
+    with wheelserver.serve(store.path, layers) as server:
+
+        def fetch() -> None:
+            try:
+                stats = store.ensure([p.wheel for p in state.lock.packages], on_ready=server.ready)
+            except StepFailed as exc:
+                failed.append(exc)
+                server.fail_all(str(exc).splitlines()[0])
+            except BaseException:
+                server.fail_all("the host's wheel fetch stopped")
+                raise
+            else:
+                if stats.downloaded:
+                    log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s while the build ran, %d already in %s",
+                             spec.name, stats.downloaded, stats.bytes_downloaded / 1e9, stats.seconds,
+                             stats.present, store.path)
+
+        fetcher = threading.Thread(target=fetch, name=f"ptmg-fetch-{spec.name}", daemon=True)
+        fetcher.start()
+        yield server
+        fetcher.join()
+        files_sent, sent = server.served
+        log.info("%s: the build's RUNs took %d wheel file(s) (%.2f GB) from the loopback wheel server",
+                 spec.name, files_sent, sent / 1e9)
+    if failed:
+        raise failed[0]

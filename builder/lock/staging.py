@@ -5,7 +5,8 @@
 - hard links to the files the Dockerfile copies or bind-mounts (``builder.build.inputs.
   context_files``: exactly what the inputs hash covers, so the context IS the hashed input);
 - ``wheelhouse/<layer>/``: hard links into the wheel store, one folder per installing layer
-  (torch, tools, devel), so each RUN's cache key is exactly its own wheels;
+  (torch, tools, devel), so each RUN's cache key is exactly its own wheels; empty when the wheels
+  reach the RUNs from the loopback wheel server instead (builder.lock.wheelserver);
 - ``wheelhouse/<layer>.txt``: that layer's install lock (``name==version --hash=sha256:...``);
 - ``wheelhouse/uv``: the static uv for the build host, from its hash-verified wheel;
 - ``wheelhouse/sbom-input.json``: the lock's hashes and the cell's facts for the SBOM;
@@ -105,14 +106,16 @@ def sync_tree(dest: Path, wanted: Mapping[str, Path], keep: frozenset[str] = fro
             path.unlink()
 
 
-def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_file: Mapping[str, Path],
+def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_file: Mapping[str, Path] | None,
           uv_binary: bytes, sbom_input: Mapping[str, Any]) -> None:
-    """Make ``ctx`` the build context of ``lock``'s cell. ``wheel_file``: filename -> its verified store file."""
+    """Make ``ctx`` the build context of ``lock``'s cell. ``wheel_file``: filename -> its verified store file;
+    None when the RUNs take the wheels from the loopback wheel server (the layer folders stay empty; the
+    install locks, which key each RUN's cache, are staged either way)."""
     sources = {p.relative_to(root).as_posix(): p for p in files}
     wh_files: dict[str, Path] = {}
-    for layer in LAYERS:
-        for p in lock.layer(layer):
-            wh_files[f"{layer_dir(layer)}/{p.wheel.filename}"] = wheel_file[p.wheel.filename]
+    linked = wheel_file or {}  # None: the layer folders stay empty
+    for layer in LAYERS if wheel_file is not None else ():
+        wh_files.update({f"{layer_dir(layer)}/{p.wheel.filename}": linked[p.wheel.filename] for p in lock.layer(layer)})
     made = frozenset({UV, SBOM_INPUT, PIP_CONSTRAINT, *(layer_requirements(layer) for layer in LAYERS)})
     sync_tree(ctx, {**sources, **wh_files}, made)  # everything else goes
     for layer in LAYERS:

@@ -29,8 +29,8 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,29 +191,43 @@ class Store:
                 errors.append(f"{redact(index)}: does not list {w.filename}")
         yield w.url
 
-    def ensure(self, wheels: Sequence[Wheel]) -> FetchStats:
-        """Every wheel present and verified; downloads what is missing (in parallel, biggest first)."""
+    def ensure(self, wheels: Sequence[Wheel], on_ready: Callable[[str, str | None], None] | None = None) -> FetchStats:
+        """Every wheel present and verified; downloads what is missing (in parallel, biggest first).
+
+        ``on_ready(filename, error)`` (a build's loopback wheel server) hears of each wheel as soon as
+        it is in the store and verified (error None), or failed (error: why), before the others are."""
         start = time.monotonic()
         unique = list({w.filename: w for w in wheels}.values())
         self.path.mkdir(parents=True, exist_ok=True)
         missing, updates = self.verify_present(unique)
         stats = FetchStats(present=len(unique) - len(missing))
+        if on_ready is not None:
+            gone = {w.filename for w in missing}
+            for w in unique:
+                if w.filename not in gone:
+                    on_ready(w.filename, None)
         if missing:
             total = sum(w.size for w in missing)
             log.info("wheel store %s: downloading %d wheel(s), %.2f GB", self.path, len(missing), total / 1e9)
             http = Http(self.net)
             with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
-                futures = {w.filename: pool.submit(self._download, http, w)
+                futures = {pool.submit(self._download, http, w): w.filename
                            for w in sorted(missing, key=lambda w: -w.size)}
                 errors: list[BaseException] = []
-                for name, fut in futures.items():
+                for fut in as_completed(futures):  # as each lands: a waiting install takes it at once
+                    name = futures[fut]
                     try:
                         n, stamp = fut.result()
-                        stats.downloaded += 1
-                        stats.bytes_downloaded += n
-                        updates[name] = stamp
                     except StepFailed as exc:
                         errors.append(exc)
+                        if on_ready is not None:
+                            on_ready(name, str(exc).splitlines()[0])
+                        continue
+                    stats.downloaded += 1
+                    stats.bytes_downloaded += n
+                    updates[name] = stamp
+                    if on_ready is not None:
+                        on_ready(name, None)
             self._save_stamps(updates)
             if errors:
                 mismatch = [e for e in errors if isinstance(e, HashMismatch)]

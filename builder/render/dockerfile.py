@@ -117,6 +117,9 @@ def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
 #: the SBOM's input. The venv RUNs install from these only.
 WHEELHOUSE = "wheelhouse"
 INSTALL_LAYERS = ("torch", "tools", "devel")
+#: The build secret with the loopback wheel server's URL (builder.lock.wheelserver); absent, the RUNs
+#: install from the wheels staged in the build context.
+WHEEL_SERVER_ID = "wheel-server"
 #: Any fixed value: with it, the .pyc files uv compiles are hash-checked (not timestamped), so two
 #: builds from one lock give byte-identical files (1980-01-01, the zip epoch).
 SOURCE_DATE_EPOCH = "315532800"
@@ -131,6 +134,7 @@ def stage_paths() -> dict[str, object]:
     return {"uv": f"{WHEELHOUSE}/uv", "sbom_input": f"{WHEELHOUSE}/sbom-input.json",
             "pip_constraint": f"{WHEELHOUSE}/pip-constraint.txt",
             "wheels": {layer: f"{WHEELHOUSE}/{layer}" for layer in INSTALL_LAYERS},
+            "wheel_server": WHEEL_SERVER_ID,
             "requirements": {layer: f"{WHEELHOUSE}/{layer}.txt" for layer in INSTALL_LAYERS}}
 
 

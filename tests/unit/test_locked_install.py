@@ -1,8 +1,14 @@
 """The image's locked install refuses what the lock does not vouch for, tested on its behaviour, not
-on the Dockerfile's text: every uv install command of a rendered Dockerfile (the _uv-install.j2
-macro, as each installing RUN has it), run by the same uv against a small wheel in a folder,
-with its /ptmg-build mounts and the image's venv mapped to temporary folders.
+on the Dockerfile's text: every uv install of a rendered Dockerfile (the _uv-install.j2 macro, as
+each installing RUN has it: the steps from choosing where the wheels are to uv itself), run with
+bash and the same uv against a small wheel, with /ptmg-build, /run/secrets and the image's venv
+mapped to temporary folders. Both ways the wheels reach a RUN:
 
+- ``context``: no wheel-server secret, the wheel in the bind-mounted folder (20.10's builds);
+- ``loopback``: the secret names a real builder.lock.wheelserver on 127.0.0.1 serving the wheel
+  (with a dead HTTP proxy in the environment, as the Docker CLI's proxy settings would put there).
+
+In each:
 - a wheel whose sha256 is not the one its requirement line names is refused;
 - a requirement line without a hash is refused (that is what --require-hashes adds: uv checks the
   hashes it is given anyway, but without the flag it installs a line that has none);
@@ -12,18 +18,19 @@ with its /ptmg-build mounts and the image's venv mapped to temporary folders.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
-import re
-import shlex
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import ptmg_contract as contract
+from builder.lock import wheelserver
 from builder.render import dockerfile
 from tests.support import MID, cell, small_matrix
 
@@ -33,13 +40,15 @@ WHEEL = f"{NAME}-{VERSION}-py3-none-any.whl"
 
 
 def uv_commands(text: str) -> list[str]:
-    """The uv invocation of every installing RUN of a Dockerfile: the `&&`-step that runs it,
-    continuation lines joined."""
+    """The locked install of every installing RUN of a Dockerfile: its `&&`-steps from the one that
+    picks where the wheels are to the one that runs uv, continuation lines joined."""
     commands = []
     for instruction in text.replace("\\\n", " ").splitlines():
         if instruction.startswith("RUN ") and "/ptmg-build/uv pip install" in instruction:
-            (step,) = [s for s in instruction.split(" && ") if "/ptmg-build/uv pip install" in s]
-            commands.append(" ".join(step.split()))
+            steps = instruction.split(" && ")
+            first = next(i for i, s in enumerate(steps) if s.lstrip().startswith("wheels="))
+            last = next(i for i, s in enumerate(steps) if "/ptmg-build/uv pip install" in s)
+            commands.append(" && ".join(" ".join(s.split()) for s in steps[first:last + 1]))
     return commands
 
 
@@ -60,32 +69,48 @@ def make_wheel(folder: Path) -> str:
 
 
 class Sandbox:
-    """/ptmg-build and the image's venv, as temporary folders."""
+    """/ptmg-build, /run/secrets and the image's venv, as temporary folders."""
 
     def __init__(self, tmp: Path) -> None:
-        self.build, self.venv = tmp / "ptmg-build", tmp / "venv"
+        self.build, self.venv, self.secrets = tmp / "ptmg-build", tmp / "venv", tmp / "secrets"
         self.build.mkdir(parents=True)
+        self.secrets.mkdir()
         (self.build / "uv").symlink_to(UV)
         self.sha256 = make_wheel(self.build / "wheels")
         subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(self.venv)], check=True,
                        capture_output=True, timeout=60)
 
-    def map(self, token: str) -> str:
-        return token.replace("/ptmg-build", str(self.build)).replace(contract.VENV, str(self.venv))
+    def map(self, text: str) -> str:
+        return (text.replace("/ptmg-build", str(self.build)).replace("/run/secrets", str(self.secrets))
+                .replace(contract.VENV, str(self.venv)))
 
     def install(self, command: str, requirements: str) -> subprocess.CompletedProcess[str]:
         (self.build / "requirements.txt").write_text(requirements)
         (self.venv / ".uv-tmp").mkdir(exist_ok=True)  # the RUN's step before
-        tokens = shlex.split(command)
-        env = {**os.environ}
-        while re.fullmatch(r"[A-Z_]+=\S*", tokens[0]):
-            key, _, value = tokens.pop(0).partition("=")
-            env[key] = self.map(value)
-        return subprocess.run([self.map(t) for t in tokens], env=env, capture_output=True, text=True, timeout=120,
-                              check=False)
+        # A build's RUNs get the Docker CLI's proxy settings as build args: here a proxy that answers
+        # nothing, which the loopback wheel server must not be reached through.
+        dead = {k: "http://127.0.0.1:9" for k in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")}
+        return subprocess.run(["bash", "-o", "pipefail", "-c", self.map(command)], capture_output=True, text=True,
+                              timeout=120, check=False, env={**os.environ, **dead})
 
     def installed(self) -> bool:
         return any(self.venv.glob(f"lib/python*/site-packages/{NAME}/__init__.py"))
+
+
+@contextlib.contextmanager
+def transport(box: Sandbox, how: str) -> Iterator[None]:
+    """``loopback``: the wheel leaves the RUN's folder for a wheel server, whose URL is the secret."""
+    if how == "context":
+        yield
+        return
+    store = box.build / "store"
+    (box.build / "wheels").rename(store)
+    (box.build / "wheels").mkdir()  # the staged layer folder: empty
+    with wheelserver.serve(store, {layer: [WHEEL] for layer in dockerfile.INSTALL_LAYERS}) as server:
+        server.ready(WHEEL)
+        (box.secrets / dockerfile.WHEEL_SERVER_ID).write_text(server.url + "\n")
+        yield
+        assert server.served[0] >= 1, "uv did not take the wheel from the server"
 
 
 @pytest.fixture(scope="module")
@@ -103,15 +128,18 @@ def test_every_installing_run_is_found(tmp_path: Path) -> None:
     assert UV.exists(), f"{UV}: uv is a dev dependency (pip install -e '.[dev]')"
 
 
-def test_the_rendered_install_refuses_a_wrong_hash_and_a_line_without_one(commands: list[str],
-                                                                          tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["context", "loopback"])
+def test_the_rendered_install_refuses_a_wrong_hash_and_a_line_without_one(commands: list[str], tmp_path: Path,
+                                                                          how: str) -> None:
     for i, command in enumerate(commands):
         box = Sandbox(tmp_path / str(i))
-        wrong = box.install(command, f"{NAME}=={VERSION} --hash=sha256:{'0' * 64}\n")
-        assert wrong.returncode != 0 and box.sha256 in wrong.stderr, (command, wrong.stderr)
-        assert not box.installed()
-        unhashed = box.install(command, f"{NAME}=={VERSION}\n")
-        assert unhashed.returncode != 0 and "must have a hash" in unhashed.stderr, (command, unhashed.stderr)
-        assert not box.installed(), f"installed a requirement without a hash: {command}"
-        locked = box.install(command, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
-        assert locked.returncode == 0 and box.installed(), (command, locked.stderr)
+        with transport(box, how):
+            wrong = box.install(command, f"{NAME}=={VERSION} --hash=sha256:{'0' * 64}\n")
+            assert wrong.returncode != 0 and box.sha256 in wrong.stderr, (command, wrong.stderr)
+            assert not box.installed()
+            unhashed = box.install(command, f"{NAME}=={VERSION}\n")
+            assert unhashed.returncode != 0 and "must have a hash" in unhashed.stderr, (command, unhashed.stderr)
+            assert not box.installed(), f"installed a requirement without a hash: {command}"
+            locked = box.install(command, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
+            assert locked.returncode == 0 and box.installed(), (command, locked.stderr)
+
