@@ -171,7 +171,8 @@ def serve(store: Path, layers: Mapping[str, Sequence[str]], wait_s: float = WAIT
     """A wheel server on 127.0.0.1 (a free port) for the files of ``layers`` (layer -> file names in
     ``store``), stopped and its secret file removed on exit."""
     server = _Server(_State(store, layers, wait_s))
-    thread = threading.Thread(target=server.serve_forever, name="ptmg-wheel-server", daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="ptmg-wheel-server",
+                              daemon=True)
     thread.start()
     try:
         with tempfile.TemporaryDirectory(prefix="ptmg-wheel-server-") as tmp:

@@ -1,0 +1,203 @@
+"""The loopback wheel server (builder.lock.wheelserver): it serves exactly the lock's wheels by
+layer, waits for one still being fetched (bounded), answers 503 with the reason for one whose fetch
+failed, and is gone (port closed, secret removed) after the build; and the build's side
+(supply.served): the context carries no wheel, a failed fetch fails the build with its own error,
+and a buildx build gets the secret and the host network while 20.10's does not."""
+
+from __future__ import annotations
+
+import http.client
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from builder.build import orchestrate, os_snapshot, supply
+from builder.common.errors import InputError
+from builder.engine import BuildkitCli
+from builder.lock import wheelserver
+from builder.lock.model import CellLock, Package
+from builder.lock.net import NetConfig
+from builder.lock.store import FetchStats, HashMismatch, Store
+from builder.lock.target import Target
+from builder.spec import ImageSpec
+from tests.support import MID, ROOT, cell, small_matrix
+
+from .supply_fakes import FAKE_CLI, lock_for, write_lock
+from .test_debsec_build import FakeEngine
+from .test_debsec_snapshot import Mirror
+from .test_supply_store import SIX, SIX_NAME, Files, server, six  # noqa: F401 - `server` is a fixture
+
+TORCH, TOOL = "torch-2.7.0-cp311-cp311-manylinux_2_28_x86_64.whl", "jupyterlab-4.6.6-py3-none-any.whl"
+
+
+def get(url: str, path: str, method: str = "GET", timeout: float = 10) -> tuple[int, bytes]:
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request(method, path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    (tmp_path / TORCH).write_bytes(b"torch bytes" * 1000)
+    (tmp_path / TOOL).write_bytes(b"tool bytes")
+    (tmp_path / "secret.txt").write_text("not a wheel of the lock")
+    return tmp_path
+
+
+@pytest.fixture
+def served(store: Path) -> Iterator[wheelserver.WheelServer]:
+    with wheelserver.serve(store, {"torch": [TORCH], "tools": [TOOL]}, wait_s=5) as srv:
+        yield srv
+
+
+def test_a_layer_page_lists_exactly_that_layers_wheels(served: wheelserver.WheelServer) -> None:
+    code, body = get(served.url, "/torch/")
+    assert code == 200 and TORCH in body.decode() and TOOL not in body.decode()
+    assert served.url.startswith("http://127.0.0.1:") and served.secret.read_text() == served.url + "\n"
+
+
+@pytest.mark.parametrize("path", ["/", "/torch", "/nope/", f"/tools/{TORCH}", "/torch/secret.txt",
+                                  "/torch/../secret.txt", "/torch/%2e%2e%2fsecret.txt", "/../secret.txt",
+                                  f"/torch/{TORCH}/x", "/tools/../torch/"])
+def test_nothing_but_a_layers_own_wheel_is_served(served: wheelserver.WheelServer, path: str) -> None:
+    served.ready(TORCH)
+    served.ready(TOOL)
+    code, body = get(served.url, path)
+    assert code == 404 and b"secret" not in body and b"torch bytes" not in body
+
+
+def test_a_wheel_is_served_once_it_is_in_the_store(served: wheelserver.WheelServer, store: Path) -> None:
+    got: list[tuple[int, bytes]] = []
+    asker = threading.Thread(target=lambda: got.append(get(served.url, f"/torch/{TORCH}")))
+    asker.start()
+    time.sleep(0.3)
+    assert asker.is_alive() and not got, "a wheel still being fetched was answered"
+    served.ready(TORCH)
+    asker.join(5)
+    assert got == [(200, (store / TORCH).read_bytes())]
+    assert get(served.url, f"/torch/{TORCH}", "HEAD")[0] == 200
+    assert served.served == (1, len((store / TORCH).read_bytes()))
+
+
+def test_a_failed_fetch_answers_503_with_the_reason(served: wheelserver.WheelServer) -> None:
+    served.ready(TORCH, "hash mismatch downloading torch")
+    code, body = get(served.url, f"/torch/{TORCH}")
+    assert code == 503 and b"hash mismatch downloading torch" in body
+    served.fail_all("the fetch stopped")
+    code, body = get(served.url, f"/tools/{TOOL}")
+    assert code == 503 and b"the fetch stopped" in body
+
+
+def test_the_wait_for_a_wheel_is_bounded(store: Path) -> None:
+    with wheelserver.serve(store, {"torch": [TORCH]}, wait_s=0.2) as srv:
+        start = time.monotonic()
+        code, body = get(srv.url, f"/torch/{TORCH}")
+    assert code == 503 and b"not in the wheel store after" in body and time.monotonic() - start < 3
+
+
+def test_after_the_build_the_server_and_its_secret_are_gone(store: Path) -> None:
+    with wheelserver.serve(store, {"torch": [TORCH]}) as srv:
+        url, secret = srv.url, srv.secret
+        assert secret.is_file()
+    assert not secret.exists()
+    with pytest.raises(OSError):
+        get(url, "/torch/", timeout=2)
+
+
+# --- the build's side ----------------------------------------------------------------------------------
+@pytest.fixture
+def spec(tmp_path: Path) -> ImageSpec:
+    return cell(small_matrix(tmp_path / "m"), MID)
+
+
+def test_transport_default_and_choice() -> None:
+    assert supply.transport(True, {}) == "loopback" and supply.transport(False, {}) == "context"
+    assert supply.transport(True, {"PTMG_WHEEL_TRANSPORT": "context"}) == "context"
+    assert supply.transport(False, {"PTMG_WHEEL_TRANSPORT": "loopback"}) == "loopback"
+    with pytest.raises(InputError, match="PTMG_WHEEL_TRANSPORT='ftp': not a wheel transport; use context or loopback"):
+        supply.transport(True, {"PTMG_WHEEL_TRANSPORT": "ftp"})
+
+
+def _lock_state(wheel_url: str, data: bytes = SIX) -> supply.LockState:
+    """A lock whose one wheel (six, in the tools layer) is on the test's index."""
+    lock = CellLock("c", Target("3.11", "x86_64-manylinux_2_36", "i"), {},
+                    (Package("six", "1.17.0", "tools", six(wheel_url, data)),))
+    return supply.LockState(lock, Path("locks/c/pylock.toml"), "sha256:lock", "sha256:uv")
+
+
+def _served(spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The context folder; uv and the SBOM input are not what is tested (no uv download)."""
+    monkeypatch.setattr(supply, "_context_files", lambda *a: (b"uv", {}))
+    return tmp_path / "ctx"
+
+
+def test_the_context_has_no_wheel_and_the_server_hands_out_the_fetched_one(
+        spec: ImageSpec, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    state = _lock_state(server)
+    ctx = _served(spec, tmp_path, monkeypatch)
+    with supply.served(spec, state, ctx, ROOT, tmp_path / "locks", [], NetConfig(), tmp_path / "store") as srv:
+        code, body = get(srv.url, f"/tools/{SIX_NAME}")
+        assert (code, body) == (200, SIX)
+        assert not [p for p in (ctx / "wheelhouse").rglob("*.whl")], "a wheel went into the build context"
+        assert "six==1.17.0" in (ctx / "wheelhouse" / "tools.txt").read_text()  # the install lock stays
+    assert (tmp_path / "store" / SIX_NAME).read_bytes() == SIX
+
+
+def test_a_failed_fetch_fails_the_build_with_its_own_error(
+        spec: ImageSpec, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    state = _lock_state(server, data=b"what the lock was made from")
+    ctx = _served(spec, tmp_path, monkeypatch)
+    seen: list[tuple[int, bytes]] = []
+    with pytest.raises(HashMismatch, match=f"hash mismatch downloading {SIX_NAME}"), \
+            supply.served(spec, state, ctx, ROOT, tmp_path / "locks", [], NetConfig(), tmp_path / "store") as srv:
+        seen.append(get(srv.url, f"/tools/{SIX_NAME}"))
+    (code, body), = seen
+    assert code == 503 and b"hash mismatch" in body  # what the RUN's uv sees: it fails at once
+    assert not (tmp_path / "store" / SIX_NAME).exists()
+
+
+BUILDX = BuildkitCli("/nonexistent/docker", ("buildx", "build", "--load"), {})
+
+
+@pytest.mark.parametrize(("cli", "network"), [(BUILDX, "host"), (FAKE_CLI, None)])
+def test_a_buildx_build_gets_the_server_and_20_10s_the_context(
+        spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: BuildkitCli,
+        network: str | None) -> None:
+    """What reaches the engine: the wheel-server secret and --network host with buildx; with the 20.10
+    CLI neither (its context holds the wheels, exactly as before)."""
+    seen: list[str] = []
+    monkeypatch.setattr(orchestrate, "find_buildkit_cli", lambda: cli)
+    monkeypatch.setattr(supply, "prepare", lambda *a, **k: seen.append("context"))
+    monkeypatch.setattr(supply, "_context_files", lambda *a: (b"uv", {}))
+    monkeypatch.delenv("PTMG_WHEEL_TRANSPORT", raising=False)
+    write_lock(tmp_path / "lock-root", lock_for(spec))
+    engine = FakeEngine(spec)
+    urls: list[str] = []
+    real_build = engine.build
+
+    def build(req, on_line, cli):  # type: ignore[no-untyped-def]
+        secret = req.secrets.get("wheel-server")
+        urls.append(secret.read_text().strip() if secret else "")
+        return real_build(req, on_line, cli)
+
+    engine.build = build  # type: ignore[method-assign]
+    monkeypatch.setattr(Store, "ensure", lambda self, wheels, on_ready=None: FetchStats())
+    cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "docker", log_dir=tmp_path / "logs",
+                                  os_snapshots=os_snapshot.Snapshots(environ={}, get=Mirror().get),
+                                  lock_root=tmp_path / "lock-root", wheel_store=tmp_path / "store")
+    (result,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    assert result.status == "built", result.message
+    (req,) = engine.builds
+    assert req.network == network
+    if network:
+        assert urls[0].startswith("http://127.0.0.1:") and seen == []
+    else:
+        assert urls == [""] and "wheel-server" not in req.secrets and seen == ["context"]
