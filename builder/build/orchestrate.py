@@ -79,11 +79,10 @@ class CellResult:
 
 @dataclass(frozen=True)
 class _Staged:
-    """A staged build: its context folder, and for the loopback wheel server its secret and network."""
+    """A staged build: its context folder, and the wheel server's secret when it serves the wheels."""
 
     context: Path
     secrets: dict[str, Path] = field(default_factory=dict)
-    network: str | None = None
 
 
 class _Builder:
@@ -101,6 +100,8 @@ class _Builder:
         self._os: dict[str, Snapshot] = {}  # cell -> the snapshot its OS layer is keyed on
         self._sources_ok: set[str] = set()  # base image ids whose apt sources passed the check
         self.slots = supply.Slots(cfg.root, cfg.jobs)  # one build context folder per parallel build
+        self._host: str | None = None  # the wheel server's address; "" when the wheels go in the context
+        self._unreached: set[str] = set()  # cells whose build never asked the wheel server for anything
         self.net = supply.net_config(cfg.build_env)
 
     def cli(self) -> BuildkitCli | None:
@@ -131,7 +132,7 @@ class _Builder:
             req = BuildRequest(staged.context, dockerfile, contract.project_labels({contract.LABEL_CELL: spec.name}),
                                {**secrets, **staged.secrets}, log_path, no_cache,
                                platform=None if spec.platform == DEFAULT_PLATFORM else spec.platform,
-                               oci_dest=oci_dest, source_date_epoch=epoch, network=staged.network)
+                               oci_dest=oci_dest, source_date_epoch=epoch)
             snap = self._os.get(spec.name)
             if snap is not None and snap.key:  # the OS layer's cache key; never in the Dockerfile
                 req = dataclasses.replace(req, build_args={**req.build_args, contract.OS_SNAPSHOT_ARG: snap.key})
@@ -148,18 +149,35 @@ class _Builder:
     @contextlib.contextmanager
     def _staged(self, spec: ImageSpec, lock: supply.LockState, files: Sequence[Path]) -> Iterator[_Staged]:
         """A build context folder of this build's alone, with the copied files and the verified wheels:
-        in the context, or (a buildx builder) from the loopback wheel server while the build runs."""
-        cli = self.cli()
-        how = supply.transport(cli is not None and cli.buildx, os.environ)
+        in the context, or (a buildx builder) from the wheel server while the build runs."""
+        host = self._server_host()
         lock_root = self.cfg.lock_root or self.cfg.root
         with self.slots.slot() as context:
-            if how == supply.LOOPBACK:
+            if host is not None:
                 with supply.served(spec, lock, context, self.cfg.root, lock_root, files, self.net,
-                                   self.cfg.wheel_store) as server:
-                    yield _Staged(context, {wheelserver.SECRET_ID: server.secret}, "host")
+                                   self.cfg.wheel_store, host) as server:
+                    yield _Staged(context, {wheelserver.SECRET_ID: server.secret})
+                    if not server.requests:
+                        self._unreached.add(spec.name)
             else:
                 supply.prepare(spec, lock, context, self.cfg.root, lock_root, files, self.net, self.cfg.wheel_store)
                 yield _Staged(context)
+
+    def _server_host(self) -> str | None:
+        """Where the wheel server listens (the engine's bridge address), or None: the wheels go in the
+        context (Debian 12's 20.10 CLI; or an engine whose bridge is not on this host)."""
+        cli = self.cli()  # takes self._lock itself
+        with self._lock:
+            if self._host is None:
+                self._host = ""
+                if supply.transport(cli is not None and cli.buildx, os.environ) == supply.SERVER:
+                    gateway = self.engine.bridge_gateway()
+                    if gateway and wheelserver.bindable(gateway):
+                        self._host = gateway
+                    else:
+                        log.warning("the engine's bridge (%s) is not an address of this host (a remote engine?): "
+                                    "the wheels go into the build context", gateway or "none")
+            return self._host or None
 
     def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> tuple[BuildOutcome, Snapshot, int]:
         """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the Debian
@@ -256,8 +274,13 @@ class _Builder:
                 outcome = self._run_build(spec, dockerfile, log_path, True, staged)
         self._drop_contexts(spec)
         if not outcome.ok or outcome.image_id is None:
-            return CellResult(spec.name, "failed", time.monotonic() - start,
-                              message=failure_text(outcome.failed_step, outcome.tail, log_path), log_path=log_path)
+            message = failure_text(outcome.failed_step, outcome.tail, log_path)
+            if spec.name in self._unreached and any(wheelserver.SECRET_ID in line or "find-links" in line
+                                                    for line in outcome.tail):
+                message += ("\nthe install RUN never reached the wheel server on the engine's bridge (a firewall "
+                            "between the engine's containers and this host?); to put the wheels in the build "
+                            f"context instead: {supply.TRANSPORT_ENV}={supply.CONTEXT}")
+            return CellResult(spec.name, "failed", time.monotonic() - start, message=message, log_path=log_path)
         probed = probe(self.engine, outcome.image_id, emulated=spec.emulated)
         mismatches = check_probe(spec, probed)
         if mismatches:

@@ -12,10 +12,10 @@ For one cell, in order (orchestrate.py calls these):
      wheel store (the host's index, proxy and CA settings: the build's own), then stage them with
      the copied files into the slot's context folder. BuildKit copies the whole context in before
      any RUN starts.
-   - :func:`served` (``loopback``, where the builder runs the build in the host's network): stage
-     the context without the wheels, start a loopback wheel server (builder.lock.wheelserver) and
-     fetch the wheels into the store while the build runs: the fetch overlaps the OS layer, and
-     the 3 GB never enter the context.
+   - :func:`served` (``server``, buildx builders): stage the context without the wheels, start a
+     wheel server on the engine's bridge address (builder.lock.wheelserver) and fetch the wheels
+     into the store while the build runs: the fetch overlaps the OS layer, and the 3 GB never
+     enter the context.
 
 The classic builder cannot bind-mount the staged wheels into a RUN; such builds are refused
 (:data:`CLASSIC_REFUSAL`) rather than installing from anywhere else.
@@ -126,20 +126,20 @@ def facts(spec: ImageSpec) -> dict[str, str]:
             "python": spec.python, "platform": spec.platform, "flavour": spec.flavour, "base": spec.base}
 
 
-CONTEXT, LOOPBACK = "context", "loopback"
+CONTEXT, SERVER = "context", "server"
 TRANSPORT_ENV = "PTMG_WHEEL_TRANSPORT"
 
 
 def transport(buildx: bool, environ: Mapping[str, str]) -> str:
-    """How the wheels reach the RUNs: ``loopback`` where the builder is buildx (its builds can run in
-    the host's network), ``context`` for Debian 12's 20.10 CLI (exactly as it always has).
-    ``PTMG_WHEEL_TRANSPORT=context|loopback`` chooses (benchmarks compare the two on one engine)."""
+    """How the wheels reach the RUNs: ``server`` where the builder is buildx, ``context`` for Debian
+    12's 20.10 CLI (exactly as it always has). ``PTMG_WHEEL_TRANSPORT=context|server`` chooses
+    (benchmarks compare the two on one engine)."""
     given = environ.get(TRANSPORT_ENV, "").strip()
-    if given in (CONTEXT, LOOPBACK):
+    if given in (CONTEXT, SERVER):
         return given
     if given:
-        raise InputError(f"{TRANSPORT_ENV}={given!r}: not a wheel transport; use {CONTEXT} or {LOOPBACK}")
-    return LOOPBACK if buildx else CONTEXT
+        raise InputError(f"{TRANSPORT_ENV}={given!r}: not a wheel transport; use {CONTEXT} or {SERVER}")
+    return SERVER if buildx else CONTEXT
 
 
 def _context_files(spec: ImageSpec, state: LockState, lock_root: Path, store: Store) -> tuple[bytes, dict[str, object]]:
@@ -165,8 +165,9 @@ def prepare(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root:
 
 @contextmanager
 def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: Path, files: Sequence[Path],
-           net: NetConfig, store_path: Path | None = None) -> Iterator[wheelserver.WheelServer]:
-    """Stage ``ctx`` without the wheels, and serve them on the loopback while they are fetched into the
+           net: NetConfig, store_path: Path | None = None,
+           host: str = "127.0.0.1") -> Iterator[wheelserver.WheelServer]:
+    """Stage ``ctx`` without the wheels, and serve them on ``host`` while they are fetched into the
     store; the body runs the build. A failed fetch raises its own error after the build (whose
     install RUN got a 503 for that wheel), so the cell fails with the cause, not uv's symptom."""
     store = Store(store_path or default_store(), net)
@@ -174,7 +175,7 @@ def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: 
     staging.stage(ctx, root, files, state.lock, None, uv, sbom)
     layers = {layer: [p.wheel.filename for p in state.lock.layer(layer)] for layer in LAYERS}
     failed: list[StepFailed] = []
-    with wheelserver.serve(store.path, layers) as server:
+    with wheelserver.serve(store.path, layers, host) as server:
 
         def fetch() -> None:
             try:
@@ -196,7 +197,7 @@ def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: 
         yield server
         fetcher.join()
         files_sent, sent = server.served
-        log.info("%s: the build's RUNs took %d wheel file(s) (%.2f GB) from the loopback wheel server",
-                 spec.name, files_sent, sent / 1e9)
+        log.info("%s: the build's RUNs took %d wheel file(s) (%.2f GB) from the wheel server at %s",
+                 spec.name, files_sent, sent / 1e9, server.url)
     if failed:
         raise failed[0]

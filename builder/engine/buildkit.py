@@ -174,8 +174,6 @@ def build_with_cli(req: BuildRequest, on_line: Callable[[str], None], cli: Build
             argv.append("--no-cache")
         if req.platform:
             argv += ["--platform", req.platform]
-        if req.network:
-            argv += ["--network", req.network]
         for k, v in sorted(req.build_args.items()):
             argv += ["--build-arg", f"{k}={v}"]
         for k, v in sorted(req.labels.items()):

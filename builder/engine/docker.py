@@ -320,6 +320,20 @@ class Engine(BuildCache):
 
     # --- networks ------------------------------------------------------------
     @_translated
+    def bridge_gateway(self) -> str | None:
+        """The host's IPv4 address on the engine's default bridge, which a build's RUNs (BuildKit's
+        default network) reach the host by; None when the engine has no such bridge."""
+        try:
+            net = self.client.networks.get("bridge")
+        except docker.errors.NotFound:
+            return None
+        for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
+            gateway = str(cfg.get("Gateway") or "")
+            if gateway and ":" not in gateway:
+                return gateway
+        return None
+
+    @_translated
     def create_network(self, name: str) -> Network:
         obj = self.client.networks.create(name, driver="bridge", labels=dict(self.labels))
         return Network(str(obj.id), str(obj.name), obj)

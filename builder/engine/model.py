@@ -56,9 +56,6 @@ class BuildRequest:
     #: the layers clamped to it (the exporter's rewrite-timestamp; BuildKit >= 0.13).
     oci_dest: Path | None = None
     source_date_epoch: int | None = None
-    #: --network for the build's RUNs: "host" when they take the wheels from the host's loopback wheel
-    #: server (builder.lock.wheelserver); None: the builder's default (its own network namespace).
-    network: str | None = None
 
 
 @dataclass(frozen=True)

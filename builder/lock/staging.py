@@ -6,7 +6,7 @@
   context_files``: exactly what the inputs hash covers, so the context IS the hashed input);
 - ``wheelhouse/<layer>/``: hard links into the wheel store, one folder per installing layer
   (torch, tools, devel), so each RUN's cache key is exactly its own wheels; empty when the wheels
-  reach the RUNs from the loopback wheel server instead (builder.lock.wheelserver);
+  reach the RUNs from the wheel server instead (builder.lock.wheelserver);
 - ``wheelhouse/<layer>.txt``: that layer's install lock (``name==version --hash=sha256:...``);
 - ``wheelhouse/uv``: the static uv for the build host, from its hash-verified wheel;
 - ``wheelhouse/sbom-input.json``: the lock's hashes and the cell's facts for the SBOM;
@@ -109,7 +109,7 @@ def sync_tree(dest: Path, wanted: Mapping[str, Path], keep: frozenset[str] = fro
 def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_file: Mapping[str, Path] | None,
           uv_binary: bytes, sbom_input: Mapping[str, Any]) -> None:
     """Make ``ctx`` the build context of ``lock``'s cell. ``wheel_file``: filename -> its verified store file;
-    None when the RUNs take the wheels from the loopback wheel server (the layer folders stay empty; the
+    None when the RUNs take the wheels from the wheel server (the layer folders stay empty; the
     install locks, which key each RUN's cache, are staged either way)."""
     sources = {p.relative_to(root).as_posix(): p for p in files}
     wh_files: dict[str, Path] = {}

@@ -194,7 +194,7 @@ class Store:
     def ensure(self, wheels: Sequence[Wheel], on_ready: Callable[[str, str | None], None] | None = None) -> FetchStats:
         """Every wheel present and verified; downloads what is missing (in parallel, biggest first).
 
-        ``on_ready(filename, error)`` (a build's loopback wheel server) hears of each wheel as soon as
+        ``on_ready(filename, error)`` (a build's wheel server) hears of each wheel as soon as
         it is in the store and verified (error None), or failed (error: why), before the others are."""
         start = time.monotonic()
         unique = list({w.filename: w for w in wheels}.values())

@@ -1,11 +1,16 @@
-"""The cell's wheels for the installing RUNs over the host's loopback, instead of in the build context.
+"""The cell's wheels for the installing RUNs from a server on the host, instead of in the build context.
 
 A build context is copied into BuildKit whole: for a cold build that is the 3 GB wheel set, a
 second time, before any RUN starts (17 s of a 142 s cold build, and 3 GB more disk until the
-context is dropped). With a builder that runs the build in the host's network namespace
-(``--network host``: buildx on Docker >= 23), the RUNs can instead download the wheels from this
-server on 127.0.0.1, straight out of the host's wheel store, and only while they install.
+context is dropped). Instead, the RUNs can download the wheels from this server, straight out of
+the host's wheel store, and only while they install.
 
+- Where it listens: the host's own address on the engine's default bridge (``docker network
+  inspect bridge``'s gateway, e.g. 172.17.0.1), which is where a build's RUNs, on BuildKit's default
+  network, reach the host. Not 127.0.0.1: that would need ``--network host`` for the whole build,
+  and then every RUN (apt's maintainer scripts included) could reach every service on the host's
+  loopback. On an engine whose bridge is not on this host (a remote engine, Docker Desktop's VM)
+  the address cannot be bound, and the build keeps the wheels in the context (:func:`bindable`).
 - It serves exactly the lock's wheels: ``/<layer>/`` is a link page of that layer's file names
   (uv's ``--find-links``), ``/<layer>/<file>`` the stored file. Anything else is a 404; no path
   is ever joined from the request.
@@ -13,7 +18,7 @@ server on 127.0.0.1, straight out of the host's wheel store, and only while they
   does), up to ``wait_s``; a wheel whose fetch failed answers 503 with the reason, so the RUN fails
   at once and the build reports the fetch's own error.
 - Nothing here needs trust: uv checks every file against the lock's sha256 (``--require-hashes``)
-  as it does for a bind-mounted one. The files are public wheels; the server binds to 127.0.0.1 only.
+  as it does for a bind-mounted one. The files are public wheels.
 - The URL reaches the RUNs as a build secret (``wheel-server``), never as a build argument: the port
   changes on every build and must not key the layer cache (the install lock in the context does).
 """
@@ -22,6 +27,7 @@ from __future__ import annotations
 
 import html
 import os
+import socket
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +54,7 @@ class _State:
         self.events = {n: threading.Event() for names in self.layers.values() for n in names}
         self.errors: dict[str, str] = {}
         self.lock = threading.Lock()
+        self.requests = 0
         self.files = 0
         self.bytes = 0
 
@@ -81,6 +88,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, body: bool) -> None:
         state = self.server.state
+        with state.lock:
+            state.requests += 1
         parts = unquote(urlsplit(self.path).path).split("/")
         if len(parts) == 3 and parts[0] == "" and parts[1] in state.layers:
             layer, name = parts[1], parts[2]
@@ -133,8 +142,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, state: _State) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
+    def __init__(self, host: str, state: _State) -> None:
+        super().__init__((host, 0), _Handler)
+        self.host = host
         self.state = state
 
 
@@ -148,7 +158,7 @@ class WheelServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_port}"
+        return f"http://{self._server.host}:{self._server.server_port}"
 
     def ready(self, name: str, error: str | None = None) -> None:
         """The fetch's report: ``name`` is in the store and verified (error None), or failed (error)."""
@@ -165,12 +175,29 @@ class WheelServer:
         with state.lock:
             return state.files, state.bytes
 
+    @property
+    def requests(self) -> int:
+        """Requests answered so far (any path): none after a failed install means the RUN never got here."""
+        with self._server.state.lock:
+            return self._server.state.requests
+
+
+def bindable(host: str) -> bool:
+    """Whether this host can listen on ``host`` (an address of one of its interfaces)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except OSError:
+        return False
+    return True
+
 
 @contextmanager
-def serve(store: Path, layers: Mapping[str, Sequence[str]], wait_s: float = WAIT_S) -> Iterator[WheelServer]:
-    """A wheel server on 127.0.0.1 (a free port) for the files of ``layers`` (layer -> file names in
+def serve(store: Path, layers: Mapping[str, Sequence[str]], host: str = "127.0.0.1",
+          wait_s: float = WAIT_S) -> Iterator[WheelServer]:
+    """A wheel server on ``host`` (a free port) for the files of ``layers`` (layer -> file names in
     ``store``), stopped and its secret file removed on exit."""
-    server = _Server(_State(store, layers, wait_s))
+    server = _Server(host, _State(store, layers, wait_s))
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="ptmg-wheel-server",
                               daemon=True)
     thread.start()

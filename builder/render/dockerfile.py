@@ -117,7 +117,7 @@ def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
 #: the SBOM's input. The venv RUNs install from these only.
 WHEELHOUSE = "wheelhouse"
 INSTALL_LAYERS = ("torch", "tools", "devel")
-#: The build secret with the loopback wheel server's URL (builder.lock.wheelserver); absent, the RUNs
+#: The build secret with the wheel server's URL (builder.lock.wheelserver); absent, the RUNs
 #: install from the wheels staged in the build context.
 WHEEL_SERVER_ID = "wheel-server"
 #: Any fixed value: with it, the .pyc files uv compiles are hash-checked (not timestamped), so two

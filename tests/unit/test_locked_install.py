@@ -5,7 +5,7 @@ bash and the same uv against a small wheel, with /ptmg-build, /run/secrets and t
 mapped to temporary folders. Both ways the wheels reach a RUN:
 
 - ``context``: no wheel-server secret, the wheel in the bind-mounted folder (20.10's builds);
-- ``loopback``: the secret names a real builder.lock.wheelserver on 127.0.0.1 serving the wheel
+- ``server``: the secret names a real builder.lock.wheelserver on 127.0.0.1 serving the wheel
   (with a dead HTTP proxy in the environment, as the Docker CLI's proxy settings would put there).
 
 In each:
@@ -88,7 +88,7 @@ class Sandbox:
         (self.build / "requirements.txt").write_text(requirements)
         (self.venv / ".uv-tmp").mkdir(exist_ok=True)  # the RUN's step before
         # A build's RUNs get the Docker CLI's proxy settings as build args: here a proxy that answers
-        # nothing, which the loopback wheel server must not be reached through.
+        # nothing, which the wheel server must not be reached through.
         dead = {k: "http://127.0.0.1:9" for k in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")}
         return subprocess.run(["bash", "-o", "pipefail", "-c", self.map(command)], capture_output=True, text=True,
                               timeout=120, check=False, env={**os.environ, **dead})
@@ -99,7 +99,7 @@ class Sandbox:
 
 @contextlib.contextmanager
 def transport(box: Sandbox, how: str) -> Iterator[None]:
-    """``loopback``: the wheel leaves the RUN's folder for a wheel server, whose URL is the secret."""
+    """``server``: the wheel leaves the RUN's folder for a wheel server, whose URL is the secret."""
     if how == "context":
         yield
         return
@@ -128,7 +128,7 @@ def test_every_installing_run_is_found(tmp_path: Path) -> None:
     assert UV.exists(), f"{UV}: uv is a dev dependency (pip install -e '.[dev]')"
 
 
-@pytest.mark.parametrize("how", ["context", "loopback"])
+@pytest.mark.parametrize("how", ["context", "server"])
 def test_the_rendered_install_refuses_a_wrong_hash_and_a_line_without_one(commands: list[str], tmp_path: Path,
                                                                           how: str) -> None:
     for i, command in enumerate(commands):

@@ -1,22 +1,24 @@
-"""The loopback wheel server (builder.lock.wheelserver): it serves exactly the lock's wheels by
+"""The build's wheel server (builder.lock.wheelserver): it serves exactly the lock's wheels by
 layer, waits for one still being fetched (bounded), answers 503 with the reason for one whose fetch
 failed, and is gone (port closed, secret removed) after the build; and the build's side
-(supply.served): the context carries no wheel, a failed fetch fails the build with its own error,
-and a buildx build gets the secret and the host network while 20.10's does not."""
+(supply.served, orchestrate): the context carries no wheel, a failed fetch fails the build with its
+own error, a buildx build gets the server on the engine's bridge address while 20.10's (or one whose
+bridge is not on this host) keeps the wheels in its context, and a build that never reached the
+server says so with the fix."""
 
 from __future__ import annotations
 
 import http.client
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from builder.build import orchestrate, os_snapshot, supply
 from builder.common.errors import InputError
-from builder.engine import BuildkitCli
+from builder.engine import BuildkitCli, BuildOutcome, BuildRequest
 from builder.lock import wheelserver
 from builder.lock.model import CellLock, Package
 from builder.lock.net import NetConfig
@@ -119,11 +121,16 @@ def spec(tmp_path: Path) -> ImageSpec:
 
 
 def test_transport_default_and_choice() -> None:
-    assert supply.transport(True, {}) == "loopback" and supply.transport(False, {}) == "context"
+    assert supply.transport(True, {}) == "server" and supply.transport(False, {}) == "context"
     assert supply.transport(True, {"PTMG_WHEEL_TRANSPORT": "context"}) == "context"
-    assert supply.transport(False, {"PTMG_WHEEL_TRANSPORT": "loopback"}) == "loopback"
-    with pytest.raises(InputError, match="PTMG_WHEEL_TRANSPORT='ftp': not a wheel transport; use context or loopback"):
+    assert supply.transport(False, {"PTMG_WHEEL_TRANSPORT": "server"}) == "server"
+    with pytest.raises(InputError, match="PTMG_WHEEL_TRANSPORT='ftp': not a wheel transport; use context or server"):
         supply.transport(True, {"PTMG_WHEEL_TRANSPORT": "ftp"})
+
+
+def test_bindable_is_an_address_of_this_host() -> None:
+    assert wheelserver.bindable("127.0.0.1")
+    assert not wheelserver.bindable("192.0.2.254")  # TEST-NET-1: no interface of this host has it
 
 
 def _lock_state(wheel_url: str, data: bytes = SIX) -> supply.LockState:
@@ -167,37 +174,58 @@ def test_a_failed_fetch_fails_the_build_with_its_own_error(
 BUILDX = BuildkitCli("/nonexistent/docker", ("buildx", "build", "--load"), {})
 
 
-@pytest.mark.parametrize(("cli", "network"), [(BUILDX, "host"), (FAKE_CLI, None)])
-def test_a_buildx_build_gets_the_server_and_20_10s_the_context(
-        spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: BuildkitCli,
-        network: str | None) -> None:
-    """What reaches the engine: the wheel-server secret and --network host with buildx; with the 20.10
-    CLI neither (its context holds the wheels, exactly as before)."""
-    seen: list[str] = []
+def _cell_build(spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cli: BuildkitCli,
+                gateway: str | None, fail: str = "") -> tuple[orchestrate.CellResult, FakeEngine, list[str], list[str]]:
+    """One `build.py build` of the cell against a fake engine whose bridge is ``gateway``: (the result,
+    the engine, the wheel-server URL each build got ("" for none), what went the context way)."""
+    context: list[str] = []
     monkeypatch.setattr(orchestrate, "find_buildkit_cli", lambda: cli)
-    monkeypatch.setattr(supply, "prepare", lambda *a, **k: seen.append("context"))
+    monkeypatch.setattr(supply, "prepare", lambda *a, **k: context.append("context"))
     monkeypatch.setattr(supply, "_context_files", lambda *a: (b"uv", {}))
+    monkeypatch.setattr(Store, "ensure", lambda self, wheels, on_ready=None: FetchStats())
     monkeypatch.delenv("PTMG_WHEEL_TRANSPORT", raising=False)
     write_lock(tmp_path / "lock-root", lock_for(spec))
     engine = FakeEngine(spec)
+    engine.bridge_gateway = lambda: gateway  # type: ignore[attr-defined]
     urls: list[str] = []
     real_build = engine.build
 
-    def build(req, on_line, cli):  # type: ignore[no-untyped-def]
+    def build(req: BuildRequest, on_line: Callable[[str], None], cli: object) -> BuildOutcome:
         secret = req.secrets.get("wheel-server")
         urls.append(secret.read_text().strip() if secret else "")
+        if fail:
+            engine.builds.append(req)
+            return BuildOutcome(False, None, "buildkit", "ERROR: the install failed", (fail,))
         return real_build(req, on_line, cli)
 
     engine.build = build  # type: ignore[method-assign]
-    monkeypatch.setattr(Store, "ensure", lambda self, wheels, on_ready=None: FetchStats())
     cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "docker", log_dir=tmp_path / "logs",
                                   os_snapshots=os_snapshot.Snapshots(environ={}, get=Mirror().get),
                                   lock_root=tmp_path / "lock-root", wheel_store=tmp_path / "store")
     (result,) = orchestrate.build_all(engine, [spec], cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    return result, engine, urls, context
+
+
+def test_a_buildx_build_gets_the_server_on_the_engines_bridge(spec: ImageSpec, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    result, engine, urls, context = _cell_build(spec, tmp_path, monkeypatch, BUILDX, "127.0.0.1")
+    assert result.status == "built", result.message
+    assert len(engine.builds) == 1 and urls[0].startswith("http://127.0.0.1:") and context == []
+
+
+@pytest.mark.parametrize(("cli", "gateway"), [(FAKE_CLI, "127.0.0.1"), (BUILDX, "192.0.2.254"), (BUILDX, None)])
+def test_otherwise_the_wheels_go_in_the_context(spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                cli: BuildkitCli, gateway: str | None) -> None:
+    """20.10's CLI (exactly as before), an engine whose bridge is not on this host, or one without a bridge."""
+    result, engine, urls, context = _cell_build(spec, tmp_path, monkeypatch, cli, gateway)
     assert result.status == "built", result.message
     (req,) = engine.builds
-    assert req.network == network
-    if network:
-        assert urls[0].startswith("http://127.0.0.1:") and seen == []
-    else:
-        assert urls == [""] and "wheel-server" not in req.secrets and seen == ["context"]
+    assert urls == [""] and "wheel-server" not in req.secrets and context == ["context"]
+
+
+def test_a_build_that_never_reached_the_server_says_so_with_the_fix(spec: ImageSpec, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    line = "12.1 error: Failed to read `--find-links` URL: http://127.0.0.1:41234/torch/"
+    result, *_ = _cell_build(spec, tmp_path, monkeypatch, BUILDX, "127.0.0.1", fail=line)
+    assert result.status == "failed" and line in result.message
+    assert "never reached the wheel server" in result.message and "PTMG_WHEEL_TRANSPORT=context" in result.message
