@@ -20,7 +20,7 @@ Figures (targets are the project's requirements; every figure of one run comes f
   4. after, cold: `build.py build --force --no-cache` with an EMPTY wheel store: the whole build
      (fetch, context transfer, every layer, export, probe)    <= 1.0x the floor (2)
      and its torch RUN                                          <= 0.5x the torch RUN of (3)
-     4b. where the builder is buildx (whose default is the loopback wheel server): the same cold
+     4b. where the builder is buildx (whose default is the wheel server): the same cold
      build with the wheels in the build context (PTMG_WHEEL_TRANSPORT=context), for comparison
   5. after, warm: the same with the store filled (a rebuild without the layer cache)
   6. rebuild after an entrypoint/-only change                   <= 10% of the cold build
@@ -251,13 +251,13 @@ def cold_build(cell: str, config: Path, started: float, env: dict[str, str]) -> 
     prune_own_records(started)
     s: dict[str, Any] = dict(step_times(log))
     fetched = re.search(r"downloaded \(([\d.]+) GB\) in ([\d.]+) s( while the build ran)?", err)
-    loopback = "from the loopback wheel server" in err
+    served = "from the wheel server at" in err
     fetch = f"{fetched.group(1)} GB in {fetched.group(2)} s" if fetched else "-"
-    s["parts"] = (f"fetch {fetch}{' (during the build)' if loopback else ''}, context {context_bytes(log)}, "
+    s["parts"] = (f"fetch {fetch}{' (during the build)' if served else ''}, context {context_bytes(log)}, "
                   f"OS {s.get('os', 0):.1f} s, torch {s.get('torch', 0):.1f} s, tools {s.get('tools', 0):.1f} s, "
                   f"SBOM {s.get('sbom', 0):.1f} s, export {s.get('export', 0):.1f} s")
     return seconds, s, f"none of its {gone} wheels in the store, no layer cache, transport " + (
-        "loopback" if loopback else "context")
+        "server" if served else "context")
 
 
 def engine_line() -> str:
@@ -361,7 +361,7 @@ def main() -> None:
         out.append(f"| 4. ... of which: {s['parts']} | |")
         out.append(f"| 4. torch RUN after / before | {s.get('torch', 0):.1f} s / {b.get('torch', 0):.1f} s = "
                    f"{s.get('torch', 0) / max(b.get('torch', 1), 0.1):.2f}x | <= 0.5x |")
-        if "transport loopback" in line:
+        if "transport server" in line:
             other, o, oline = cold_build(a.cell, config, started, {"PTMG_WHEEL_TRANSPORT": "context"})
             out.append(f"| 4b. the same, wheels in the build context ({oline}): whole build | {other:.0f} s = "
                        f"{other / floor:.2f}x the floor | |")
