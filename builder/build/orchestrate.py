@@ -169,14 +169,10 @@ class _Builder:
         cli = self.cli()  # takes self._lock itself
         with self._lock:
             if self._host is None:
-                self._host = ""
-                if supply.transport(cli is not None and cli.buildx, os.environ) == supply.SERVER:
-                    gateway = self.engine.bridge_gateway()
-                    if gateway and wheelserver.bindable(gateway):
-                        self._host = gateway
-                    else:
-                        log.warning("the engine's bridge (%s) is not an address of this host (a remote engine?): "
-                                    "the wheels go into the build context", gateway or "none")
+                host, how = supply.server_address(cli is not None and cli.buildx, self.engine.bridge_gateway,
+                                                  os.environ)
+                self._host = host or ""
+                (log.warning if cli is not None and cli.buildx and not host else log.info)("wheels: %s", how)
             return self._host or None
 
     def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> tuple[BuildOutcome, Snapshot, int]:

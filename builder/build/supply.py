@@ -27,7 +27,7 @@ import fcntl
 import os
 import queue
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +140,20 @@ def transport(buildx: bool, environ: Mapping[str, str]) -> str:
     if given:
         raise InputError(f"{TRANSPORT_ENV}={given!r}: not a wheel transport; use {CONTEXT} or {SERVER}")
     return SERVER if buildx else CONTEXT
+
+
+def server_address(buildx: bool, bridge_gateway: Callable[[], str | None],
+                   environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """Where the build's wheel server listens (the engine's bridge address), or None when the wheels go
+    in the build context; and, in words, how the wheels reach the RUNs and why (`build`, `doctor`)."""
+    if transport(buildx, environ) == CONTEXT:
+        why = f"{TRANSPORT_ENV}={CONTEXT}" if environ.get(TRANSPORT_ENV, "").strip() else "Debian 12's 20.10 CLI"
+        return None, f"in the build context ({why})"
+    gateway = bridge_gateway()
+    if gateway and wheelserver.bindable(gateway):
+        return gateway, f"from build.py's wheel server on the engine's bridge address ({gateway}), not in the context"
+    return None, (f"in the build context: the engine's bridge address ({gateway or 'none'}) is not one of this "
+                  "host's (a remote engine?)")
 
 
 def _context_files(spec: ImageSpec, state: LockState, lock_root: Path, store: Store) -> tuple[bytes, dict[str, object]]:

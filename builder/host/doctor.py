@@ -8,6 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder.build import supply
+from builder.common.errors import InputError
 from builder.engine import Engine, EngineError, buildx_facts, capabilities, find_buildkit_cli, missing_builder
 from builder.host import emulation
 from builder.smoke import gpufit
@@ -119,7 +121,15 @@ def builder_findings(engine: Engine | None) -> list[Finding]:
     version, source = capabilities.buildkit_version(reported, api)
     level = f"BuildKit {'.'.join(map(str, version.parts))} ({source})" if version else f"BuildKit {source}"
     has = ", ".join(f"{name}: {'yes' if ok else 'no'}" for name, ok in capabilities.features(version))
-    return [Finding("ok", f"builder: {cli.describe()}{f' {buildx}' if buildx else ''}; {level}; {has}")]
+    found = [Finding("ok", f"builder: {cli.describe()}{f' {buildx}' if buildx else ''}; {level}; {has}")]
+    if engine is not None:
+        try:
+            _host, how = supply.server_address(cli.buildx, engine.bridge_gateway, os.environ)
+        except InputError as exc:
+            found.append(Finding("fail", f"wheels: {exc}"))
+        else:
+            found.append(Finding("ok", f"wheels: {how}"))
+    return found
 
 
 def diagnose(cells: Sequence[ImageSpec], connect: Callable[[], Engine],

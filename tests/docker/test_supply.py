@@ -24,7 +24,7 @@ import pytest
 import ptmg_contract as contract
 from builder.common.paths import template_dir
 from builder.common.templates import environment
-from builder.lock import model, uvbin
+from builder.lock import model, uvbin, wheelserver
 from builder.lock.model import Package
 from builder.lock.store import STORE_ENV, Store, default_store
 from builder.render.dockerfile import SOURCE_DATE_EPOCH, stage_paths
@@ -75,7 +75,7 @@ def tiny_dockerfile(base: str) -> str:
     macros = environment(template_dir("render")).get_template("dockerfile/_uv-install.j2").make_module(
         {"c": c, "stage": stage_paths(), "source_date_epoch": SOURCE_DATE_EPOCH})
     mounts, install = getattr(macros, "mounts"), getattr(macros, "install")  # noqa: B009 - Jinja macros
-    return (f"FROM {base}\nRUN python3 -m venv --without-pip /tmp/v\n" + str(mounts("tools")) + str(install())
+    return (f"FROM {base}\nRUN python3 -m venv --without-pip /tmp/v\n" + str(mounts("tools")) + str(install("tools"))
             + " \\\n && /tmp/v/bin/python -c 'import six; print(\"six\", six.__version__)'\n")
 
 
@@ -91,13 +91,15 @@ def base_image() -> str:
 def build_tiny(tiny: Path, base_image: str, session_labels: dict[str, str]) -> Iterator[object]:
     tags: list[str] = []
 
-    def build(ctx: Path) -> subprocess.CompletedProcess[str]:
+    def build(ctx: Path, server: Path | None = None) -> subprocess.CompletedProcess[str]:
+        """``server``: the wheel server's secret file (its URL), passed as `build.py build` passes it."""
         tag = f"ptmg-supply-test:{uuid.uuid4().hex[:10]}"
         tags.append(tag)
         (ctx / "Dockerfile").write_text(tiny_dockerfile(base_image))
         labels = [a for k, v in session_labels.items() for a in ("--label", f"{k}={v}")]
-        return _run([DOCKER, "build", "--progress=plain", "--no-cache", "--pull=false", "-t", tag, *labels, str(ctx)],
-                    env={**os.environ, "DOCKER_BUILDKIT": "1"})
+        secret = ["--secret", f"id={wheelserver.SECRET_ID},src={server}"] if server else []
+        return _run([DOCKER, "build", "--progress=plain", "--no-cache", "--pull=false", "-t", tag, *labels, *secret,
+                     str(ctx)], env={**os.environ, "DOCKER_BUILDKIT": "1"})
 
     yield build
     for tag in tags:
@@ -135,6 +137,33 @@ def test_the_locked_install_works_and_refuses_a_planted_wheel(tiny: Path, build_
     assert bad.returncode != 0
     assert "Hash mismatch for `six==1.17.0`" in out and f"sha256:{_six().wheel.sha256}" in out, out[-3000:]
     assert "Computed:" in out
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["locked", "planted"])
+def test_from_the_wheel_server_the_install_works_and_refuses_a_planted_wheel(tiny: Path, build_tiny: object,
+                                                                            tmp_path: Path, planted: bool) -> None:
+    """The same RUN with the wheel-server secret and an empty wheel folder (what a buildx build gets):
+    uv takes six from builder.lock.wheelserver on the engine's bridge address, where a build's RUNs
+    reach the host without --network host, and still refuses a file that is not the locked one."""
+    gateway = _run([DOCKER, "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"]).stdout.strip()
+    assert gateway, "the engine has no default bridge"
+    ctx = _copy(tiny, tmp_path / "ctx")
+    wheel = next((ctx / "wheelhouse" / "tools").glob("six-*.whl"))
+    store = tmp_path / "store"
+    store.mkdir()
+    wheel.rename(store / wheel.name)  # the context keeps no wheel
+    if planted:
+        tamper(store / wheel.name)
+    with wheelserver.serve(store, {"tools": [wheel.name]}, gateway) as server:
+        server.ready(wheel.name)
+        r = build_tiny(ctx, server.secret)  # type: ignore[operator]
+        taken = server.served[0]
+    out = r.stdout + r.stderr
+    assert taken >= 1, f"the RUN did not take six from the server at {gateway}:\n{out[-3000:]}"
+    if planted:
+        assert r.returncode != 0 and "Hash mismatch for `six==1.17.0`" in out, out[-3000:]
+    else:
+        assert r.returncode == 0 and "six 1.17.0" in out, out[-3000:]
 
 
 def test_a_changed_file_on_the_index_fails_the_install(tiny: Path, build_tiny: object, tmp_path: Path) -> None:

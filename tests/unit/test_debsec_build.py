@@ -42,6 +42,9 @@ class FakeEngine:
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
 
+    def bridge_gateway(self) -> str | None:  # only a buildx build asks; these use the 20.10 CLI
+        return None
+
     def image_labels(self, ref: str) -> dict[str, str]:
         return dict(self.images[ref]["labels"])
 

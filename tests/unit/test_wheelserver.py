@@ -19,6 +19,7 @@ import pytest
 from builder.build import orchestrate, os_snapshot, supply
 from builder.common.errors import InputError
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest
+from builder.host import doctor
 from builder.lock import wheelserver
 from builder.lock.model import CellLock, Package
 from builder.lock.net import NetConfig
@@ -186,7 +187,7 @@ def _cell_build(spec: ImageSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("PTMG_WHEEL_TRANSPORT", raising=False)
     write_lock(tmp_path / "lock-root", lock_for(spec))
     engine = FakeEngine(spec)
-    engine.bridge_gateway = lambda: gateway  # type: ignore[attr-defined]
+    engine.bridge_gateway = lambda: gateway  # type: ignore[method-assign]
     urls: list[str] = []
     real_build = engine.build
 
@@ -229,3 +230,37 @@ def test_a_build_that_never_reached_the_server_says_so_with_the_fix(spec: ImageS
     result, *_ = _cell_build(spec, tmp_path, monkeypatch, BUILDX, "127.0.0.1", fail=line)
     assert result.status == "failed" and line in result.message
     assert "never reached the wheel server" in result.message and "PTMG_WHEEL_TRANSPORT=context" in result.message
+
+
+class _DoctorEngine:
+    def __init__(self, gateway: str | None) -> None:
+        self.gateway = gateway
+
+    def version(self) -> dict[str, str]:
+        return {"ApiVersion": "1.51"}
+
+    def bridge_gateway(self) -> str | None:
+        return self.gateway
+
+
+@pytest.mark.parametrize(("cli", "gateway", "env", "want"), [
+    (BUILDX, "127.0.0.1", "", "wheels: from build.py's wheel server on the engine's bridge address (127.0.0.1)"),
+    (BUILDX, "192.0.2.254", "", "wheels: in the build context: the engine's bridge address (192.0.2.254) is not"),
+    (BUILDX, "127.0.0.1", "context", "wheels: in the build context (PTMG_WHEEL_TRANSPORT=context)"),
+    (FAKE_CLI, "127.0.0.1", "", "wheels: in the build context (Debian 12's 20.10 CLI)"),
+])
+def test_doctor_says_how_the_wheels_reach_the_build(monkeypatch: pytest.MonkeyPatch, cli: BuildkitCli,
+                                                    gateway: str, env: str, want: str) -> None:
+    monkeypatch.setattr(doctor, "find_buildkit_cli", lambda: cli)
+    monkeypatch.setattr(doctor, "buildx_facts", lambda _cli: ("0.29.1", "v0.25.1"))
+    monkeypatch.setenv("PTMG_WHEEL_TRANSPORT", env)
+    found = doctor.builder_findings(_DoctorEngine(gateway))  # type: ignore[arg-type]
+    assert [f for f in found if f.what.startswith(want) and f.level == "ok"], [f.what for f in found]
+
+
+def test_doctor_fails_a_wheel_transport_it_does_not_know(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(doctor, "find_buildkit_cli", lambda: BUILDX)
+    monkeypatch.setattr(doctor, "buildx_facts", lambda _cli: ("0.29.1", "v0.25.1"))
+    monkeypatch.setenv("PTMG_WHEEL_TRANSPORT", "ftp")
+    (_, bad) = doctor.builder_findings(_DoctorEngine("127.0.0.1"))  # type: ignore[arg-type]
+    assert bad.level == "fail" and "not a wheel transport; use context or server" in bad.what
