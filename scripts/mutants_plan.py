@@ -73,6 +73,10 @@ PLAN: tuple[Target, ...] = (
                  "Verdict.same")),
     Target("builder/build/os_snapshot.py", ("tests/unit/test_repro.py",), only=("Snapshot.epoch",)),
     Target("builder/engine/buildcache.py", ("tests/unit/test_repro.py",), only=("BuildCache.drop_build_records",)),
+    # The build's wheel server: only the lock's wheels, the bounded wait, the 503s; which builds use it.
+    Target("builder/lock/wheelserver.py", ("tests/unit/test_wheelserver.py",)),
+    Target("builder/build/supply.py", ("tests/unit/test_wheelserver.py",),
+           only=("transport", "server_address", "served")),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).
     Target("builder/common/yamlpos.py", ("tests/unit/test_yamlpos.py", "tests/unit/test_spec.py")),
 )

@@ -197,9 +197,9 @@ def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: 
             except StepFailed as exc:
                 failed.append(exc)
                 server.fail_all(str(exc).splitlines()[0])
-            except BaseException:
-                server.fail_all("the host's wheel fetch stopped")
-                raise
+            except Exception as exc:  # a bug in the fetch: fail the cell with it, never leave a RUN waiting
+                failed.append(StepFailed(f"the host's wheel fetch stopped: {exc!r}"))
+                server.fail_all(f"the host's wheel fetch stopped: {exc!r}")
             else:
                 if stats.downloaded:
                     log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s while the build ran, %d already in %s",

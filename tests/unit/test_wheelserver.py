@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from builder.build import orchestrate, os_snapshot, supply
-from builder.common.errors import InputError
+from builder.common.errors import InputError, StepFailed
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest
 from builder.host import doctor
 from builder.lock import wheelserver
@@ -88,6 +88,21 @@ def test_a_wheel_is_served_once_it_is_in_the_store(served: wheelserver.WheelServ
     assert got == [(200, (store / TORCH).read_bytes())]
     assert get(served.url, f"/torch/{TORCH}", "HEAD")[0] == 200
     assert served.served == (1, len((store / TORCH).read_bytes()))
+    assert served.requests == 2  # what the "never reached the server" hint reads
+
+
+def test_a_wheel_gone_from_the_store_answers_503(served: wheelserver.WheelServer, store: Path) -> None:
+    (store / TORCH).unlink()
+    served.ready(TORCH)
+    code, body = get(served.url, f"/torch/{TORCH}")
+    assert code == 503 and b"No such file or directory" in body
+
+
+def test_two_servers_at_once_have_their_own_ports(store: Path) -> None:
+    """Parallel builds (--jobs 2) each run one."""
+    with wheelserver.serve(store, {"torch": [TORCH]}) as a, wheelserver.serve(store, {"tools": [TOOL]}) as b:
+        assert a.url != b.url
+        assert get(a.url, "/torch/")[0] == 200 and get(b.url, "/tools/")[0] == 200
 
 
 def test_a_failed_fetch_answers_503_with_the_reason(served: wheelserver.WheelServer) -> None:
@@ -170,6 +185,36 @@ def test_a_failed_fetch_fails_the_build_with_its_own_error(
     (code, body), = seen
     assert code == 503 and b"hash mismatch" in body  # what the RUN's uv sees: it fails at once
     assert not (tmp_path / "store" / SIX_NAME).exists()
+
+
+def test_a_wrong_file_already_in_the_store_fails_every_wheel_with_the_reason(
+        spec: ImageSpec, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    state = _lock_state(server)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / SIX_NAME).write_bytes(b"planted")
+    ctx = _served(spec, tmp_path, monkeypatch)
+    seen: list[tuple[int, bytes]] = []
+    with pytest.raises(HashMismatch, match="hash mismatch in the wheel store"), \
+            supply.served(spec, state, ctx, ROOT, tmp_path / "locks", [], NetConfig(), tmp_path / "store") as srv:
+        seen.append(get(srv.url, f"/tools/{SIX_NAME}"))
+    (code, body), = seen
+    assert code == 503 and b"hash mismatch in the wheel store" in body
+
+
+def test_a_fetch_that_crashes_fails_the_build_and_never_leaves_a_run_waiting(
+        spec: ImageSpec, tmp_path: Path, server: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    def crash(self: Store, wheels: object, on_ready: object = None) -> FetchStats:
+        raise RuntimeError("a bug")
+
+    state = _lock_state(server)
+    ctx = _served(spec, tmp_path, monkeypatch)
+    monkeypatch.setattr(Store, "ensure", crash)
+    seen: list[tuple[int, bytes]] = []
+    with pytest.raises(StepFailed, match="the host's wheel fetch stopped: RuntimeError"), \
+            supply.served(spec, state, ctx, ROOT, tmp_path / "locks", [], NetConfig(), tmp_path / "store") as srv:
+        seen.append(get(srv.url, f"/tools/{SIX_NAME}", timeout=5))
+    (code, body), = seen
+    assert code == 503 and b"the host's wheel fetch stopped: RuntimeError" in body
 
 
 BUILDX = BuildkitCli("/nonexistent/docker", ("buildx", "build", "--load"), {})
