@@ -608,9 +608,22 @@ def cmd_kill(arg):
     for pid in arg["pids"]:
         try:
             os.kill(int(pid), arg["sig"])
-            out[str(pid)] = "signalled"
         except OSError as exc:
             out[str(pid)] = exc.strerror
+            continue
+        out[str(pid)] = "signalled"
+        if arg["sig"] == 0:
+            # Listed as root a moment ago; the kernel let pt signal it, so its real or saved uid was pt's
+            # then. Still root (any uid 0: a setuid-root program) is a finding; a process that has since
+            # dropped to pt for good (a root-mode healthcheck does, every 2 s), or a pid reused by one
+            # of pt's, is not.
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    uids = next((l.split()[1:] for l in f if l.startswith("Uid:")), [])
+            except OSError:
+                uids = []
+            if "0" not in uids:
+                out[str(pid)] = f"signalled, no longer root (uids {' '.join(uids) or 'gone'})"
     return out
 
 def cmd_find_markers(arg):
@@ -1254,6 +1267,8 @@ class Attack:
         for pid, outcome in box.as_pt("kill", {"pids": pids, "sig": 0}).items():
             if outcome == "signalled":
                 self.result.signalled_root[f"[{box.name}] {pid}"] = procs[pid]["cmdline"][:80]
+            elif outcome.startswith("signalled"):
+                self.result.notes.append(f"[{box.name}] pid {pid} ({procs[pid]['cmdline'][:60]}): {outcome}")
         self.result.steps.append(f"[{box.name}] pt kill -0 on {len(pids)} root pids")
 
     def restart(self, box: Box, fatal: bool = True) -> None:
