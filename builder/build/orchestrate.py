@@ -79,10 +79,19 @@ class CellResult:
 
 @dataclass(frozen=True)
 class _Staged:
-    """A staged build: its context folder, and the wheel server's secret when it serves the wheels."""
+    """A staged build: its context folder, and the wheel server when one serves the wheels."""
 
     context: Path
-    secrets: dict[str, Path] = field(default_factory=dict)
+    server: wheelserver.WheelServer | None = None
+
+    @property
+    def secrets(self) -> dict[str, Path]:
+        return {wheelserver.SECRET_ID: self.server.secret} if self.server is not None else {}
+
+    @property
+    def unreached(self) -> bool:
+        """Whether the build's RUNs never asked the wheel server anything (read while it runs)."""
+        return self.server is not None and not self.server.requests
 
 
 class _Builder:
@@ -101,7 +110,6 @@ class _Builder:
         self._sources_ok: set[str] = set()  # base image ids whose apt sources passed the check
         self.slots = supply.Slots(cfg.root, cfg.jobs)  # one build context folder per parallel build
         self._host: str | None = None  # the wheel server's address; "" when the wheels go in the context
-        self._unreached: set[str] = set()  # cells whose build never asked the wheel server for anything
         self.net = supply.net_config(cfg.build_env)
 
     def cli(self) -> BuildkitCli | None:
@@ -156,9 +164,7 @@ class _Builder:
             if host is not None:
                 with supply.served(spec, lock, context, self.cfg.root, lock_root, files, self.net,
                                    self.cfg.wheel_store, host) as server:
-                    yield _Staged(context, {wheelserver.SECRET_ID: server.secret})
-                    if not server.requests:
-                        self._unreached.add(spec.name)
+                    yield _Staged(context, server)
             else:
                 supply.prepare(spec, lock, context, self.cfg.root, lock_root, files, self.net, self.cfg.wheel_store)
                 yield _Staged(context)
@@ -268,10 +274,11 @@ class _Builder:
                 log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
                             spec.name, spec.base_ref)
                 outcome = self._run_build(spec, dockerfile, log_path, True, staged)
+            unreached = staged.unreached
         self._drop_contexts(spec)
         if not outcome.ok or outcome.image_id is None:
             message = failure_text(outcome.failed_step, outcome.tail, log_path)
-            if spec.name in self._unreached and any(wheelserver.SECRET_ID in line or "find-links" in line
+            if unreached and any(wheelserver.SECRET_ID in line or "find-links" in line
                                                     for line in outcome.tail):
                 message += ("\nthe install RUN never reached the wheel server on the engine's bridge (a firewall "
                             "between the engine's containers and this host?); to put the wheels in the build "

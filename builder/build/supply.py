@@ -38,7 +38,7 @@ from builder.common.log import log
 from builder.lock import check, model, staging, uvbin, wheelserver
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig
-from builder.lock.store import Store, default_store
+from builder.lock.store import FetchStats, Store, default_store
 from builder.lock.target import LAYERS
 from builder.spec import ImageSpec
 
@@ -164,15 +164,18 @@ def _context_files(spec: ImageSpec, state: LockState, lock_root: Path, store: St
             staging.sbom_input(state.lock, facts(spec), state.path.relative_to(lock_root).as_posix(), state.digest))
 
 
+def _log_fetch(spec: ImageSpec, store: Store, stats: FetchStats, when: str) -> None:
+    if stats.downloaded:
+        log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s%s, %d already in %s", spec.name, stats.downloaded,
+                 stats.bytes_downloaded / 1e9, stats.seconds, when, stats.present, store.path)
+
+
 def prepare(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: Path, files: Sequence[Path],
             net: NetConfig, store_path: Path | None = None) -> None:
     """Fill the store with the cell's wheels and the host's uv (verified), then stage the context ``ctx``."""
     store = Store(store_path or default_store(), net)
     wheels = [p.wheel for p in state.lock.packages]
-    stats = store.ensure(wheels)
-    if stats.downloaded:
-        log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s, %d already in %s", spec.name, stats.downloaded,
-                 stats.bytes_downloaded / 1e9, stats.seconds, stats.present, store.path)
+    _log_fetch(spec, store, store.ensure(wheels), "")
     uv, sbom = _context_files(spec, state, lock_root, store)
     staging.stage(ctx, root, files, state.lock, {w.filename: store.file(w) for w in wheels}, uv, sbom)
 
@@ -201,10 +204,7 @@ def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: 
                 failed.append(StepFailed(f"the host's wheel fetch stopped: {exc!r}"))
                 server.fail_all(f"the host's wheel fetch stopped: {exc!r}")
             else:
-                if stats.downloaded:
-                    log.info("%s: %d wheel(s) downloaded (%.2f GB) in %.1f s while the build ran, %d already in %s",
-                             spec.name, stats.downloaded, stats.bytes_downloaded / 1e9, stats.seconds,
-                             stats.present, store.path)
+                _log_fetch(spec, store, stats, " while the build ran")
 
         fetcher = threading.Thread(target=fetch, name=f"ptmg-fetch-{spec.name}", daemon=True)
         fetcher.start()

@@ -113,9 +113,10 @@ def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_fi
     install locks, which key each RUN's cache, are staged either way)."""
     sources = {p.relative_to(root).as_posix(): p for p in files}
     wh_files: dict[str, Path] = {}
-    linked = wheel_file or {}  # None: the layer folders stay empty
-    for layer in LAYERS if wheel_file is not None else ():
-        wh_files.update({f"{layer_dir(layer)}/{p.wheel.filename}": linked[p.wheel.filename] for p in lock.layer(layer)})
+    if wheel_file is not None:  # None: the layer folders stay empty
+        for layer in LAYERS:
+            for p in lock.layer(layer):
+                wh_files[f"{layer_dir(layer)}/{p.wheel.filename}"] = wheel_file[p.wheel.filename]
     made = frozenset({UV, SBOM_INPUT, PIP_CONSTRAINT, *(layer_requirements(layer) for layer in LAYERS)})
     sync_tree(ctx, {**sources, **wh_files}, made)  # everything else goes
     for layer in LAYERS:
