@@ -42,7 +42,8 @@ PLAN: tuple[Target, ...] = (
            only=("child_env", "prepare_jupyter", "prepare_tensorboard", "_key_lines", "collect_authorized_keys",
                  "ensure_host_keys", "write_session_env", "plan_sshd", "permit_open", "prepare_sshd")),
     # The lock store and the lock check.
-    Target("builder/lock/store.py", ("tests/unit/test_supply_store.py",)),
+    Target("builder/lock/store.py", ("tests/unit/test_supply_store.py", "tests/unit/test_wheelserver.py")),
+    Target("builder/lock/net.py", ("tests/unit/test_supply_store.py",), only=("CutShort", "check_whole", "transient")),
     Target("builder/common/paths.py", ("tests/unit/test_supply_store.py",), only=("sha256_file",)),
     Target("builder/lock/check.py", ("tests/unit/test_supply_lock.py",)),
     # The audit and publish gates.

@@ -11,7 +11,9 @@ import base64
 import html.parser
 import http.client
 import json
+import socket
 import ssl
+import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -22,6 +24,36 @@ from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 from packaging.utils import canonicalize_name
 
 SIMPLE_JSON = "application/vnd.pypi.simple.v1+json"
+
+# HTTP answers that say "not now" rather than "no": an overloaded index, a proxy between restarts.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class CutShort(ConnectionError):
+    """The server closed the connection before sending the body its Content-Length promised
+    (http.client returns the short body from read(n) without a word)."""
+
+
+def check_whole(r: http.client.HTTPResponse, got: int) -> None:
+    """CutShort when fewer than the response's Content-Length bytes came: a transfer cut short,
+    never to be mistaken for a file that differs from the lock's."""
+    promised = r.headers.get("Content-Length", "")
+    if promised.isdigit() and got < int(promised):
+        raise CutShort(f"the connection closed after {got} of {promised} bytes")
+
+
+def transient(exc: BaseException) -> bool:
+    """A failure worth trying again: the network or the server hiccuped (a DNS lookup that timed
+    out, a reset or cut-short connection, a timeout, a 5xx/429). A 404, a refused connection, a
+    name that does not exist, a TLS error or a wrong hash are answers: trying again changes nothing."""
+    if isinstance(exc, urllib.error.HTTPError):
+        return exc.code in TRANSIENT_STATUS
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, BaseException):
+        exc = exc.reason
+    if isinstance(exc, socket.gaierror):
+        return exc.errno == socket.EAI_AGAIN  # "Temporary failure in name resolution"
+    return isinstance(exc, (TimeoutError, ConnectionResetError, ConnectionAbortedError, BrokenPipeError, CutShort,
+                            http.client.IncompleteRead))
 
 
 @dataclass(frozen=True)

@@ -32,20 +32,50 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
+from http.client import HTTPException
 from pathlib import Path
+from typing import TypeVar
 
 from builder.common import flock
 from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.common.paths import cache_dir, sha256_file
 from builder.lock.model import Wheel
-from builder.lock.net import Http, NetConfig, redact
+from builder.lock.net import Http, NetConfig, check_whole, redact, transient
 from builder.render.dockerfile import SOURCE_DATE_EPOCH
 
 EPOCH = int(SOURCE_DATE_EPOCH)
 
 STORE_ENV = "PTMG_WHEEL_STORE"
 STAMPS = ".verified.json"
+# A source that fails transiently (net.transient) is tried again after each of these waits, so a
+# DNS hiccup among a cold build's 136 downloads costs seconds, not the build; then the next source.
+RETRY_WAITS_S = (1.0, 4.0)
+
+T = TypeVar("T")
+
+
+class SourceFailed(Exception):
+    """One source (an index, a URL) failed for good: the reason, worded for the error message."""
+
+
+def _tried(what: str, fn: Callable[[], T]) -> T:
+    """fn(), tried again after each of RETRY_WAITS_S while it fails transiently (net.transient).
+    SourceFailed when it fails otherwise, or still; a hash mismatch is never tried again."""
+    attempt = 1
+    while True:
+        try:
+            return fn()
+        except (OSError, HTTPException) as exc:  # URLError, HTTPError, timeouts, a body cut short
+            why = str(exc) or type(exc).__name__
+            if attempt > len(RETRY_WAITS_S) or not transient(exc):
+                raise SourceFailed(f"{why} (after {attempt} attempts)" if attempt > 1 else why) from None
+            wait = RETRY_WAITS_S[attempt - 1]
+            attempt += 1
+            log.warning("%s: %s; trying again in %.0f s (attempt %d of %d)", what, why, wait, attempt,
+                        len(RETRY_WAITS_S) + 1)
+            time.sleep(wait)
 
 
 def default_store() -> Path:
@@ -147,42 +177,47 @@ class Store:
                     return 0, stamps.get(w.filename) or self._stamp(dest.stat(), w.sha256)
             errors: list[str] = []
             for url in self._candidates(http, w, errors):
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.path)
                 try:
-                    h, n = hashlib.sha256(), 0
-                    with os.fdopen(fd, "wb") as out, http.open(url) as r:
-                        while chunk := r.read(1 << 20):
-                            h.update(chunk)
-                            out.write(chunk)
-                            n += len(chunk)
-                    if h.hexdigest() != w.sha256 or n != w.size:
-                        raise HashMismatch(
-                            f"hash mismatch downloading {w.filename} from {redact(url)}\n"
-                            f"    Expected: sha256:{w.sha256} ({w.size} bytes)\n"
-                            f"    Computed: sha256:{h.hexdigest()} ({n} bytes)\n"
-                            "the index serves another file than the one locked: nothing was kept. If the change is "
-                            "legitimate (a re-upload), re-lock: `build.py lock --upgrade-package "
-                            f"{w.filename.split('-')[0]}`")
-                    os.chmod(tmp, 0o444)
-                    os.utime(tmp, (EPOCH, EPOCH))
-                    os.replace(tmp, dest)
-                    return n, self._stamp(dest.stat(), w.sha256)
-                except HashMismatch:
-                    raise
-                except OSError as exc:  # URLError, HTTPError, timeouts: try the next source
-                    errors.append(f"{redact(url)}: {exc}")
-                finally:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
+                    return _tried(f"{w.filename} from {redact(url)}", partial(self._fetch, http, w, url))
+                except SourceFailed as exc:
+                    errors.append(f"{redact(url)}: {exc}")  # the next source
             raise StepFailed(f"cannot download {w.filename}:\n  " + "\n  ".join(errors or ["no source"]))
+
+    def _fetch(self, http: Http, w: Wheel, url: str) -> tuple[int, list[object]]:
+        """One download of `w` from `url` into the store: hash and size checked before it gets its name."""
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.path)
+        try:
+            h, n = hashlib.sha256(), 0
+            with os.fdopen(fd, "wb") as out, http.open(url) as r:
+                while chunk := r.read(1 << 20):
+                    h.update(chunk)
+                    out.write(chunk)
+                    n += len(chunk)
+                check_whole(r, n)
+            if h.hexdigest() != w.sha256 or n != w.size:
+                raise HashMismatch(
+                    f"hash mismatch downloading {w.filename} from {redact(url)}\n"
+                    f"    Expected: sha256:{w.sha256} ({w.size} bytes)\n"
+                    f"    Computed: sha256:{h.hexdigest()} ({n} bytes)\n"
+                    "the index serves another file than the one locked: nothing was kept. If the change is "
+                    "legitimate (a re-upload), re-lock: `build.py lock --upgrade-package "
+                    f"{w.filename.split('-')[0]}`")
+            os.chmod(tmp, 0o444)
+            os.utime(tmp, (EPOCH, EPOCH))
+            dest = self.file(w)
+            os.replace(tmp, dest)
+            return n, self._stamp(dest.stat(), w.sha256)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
 
     def _candidates(self, http: Http, w: Wheel, errors: list[str]) -> Iterable[str]:
         """The configured indexes first (a mirror, PIP_INDEX_URL), then the URL in the lock."""
         project = w.filename.split("-", 1)[0]
         for index in self.net.indexes():
             try:
-                url = http.find_file(index, project, w.filename)
-            except OSError as exc:
+                url = _tried(f"{redact(index)} ({project})", partial(http.find_file, index, project, w.filename))
+            except SourceFailed as exc:
                 errors.append(f"{redact(index)}: {exc}")
                 continue
             if url:

@@ -4,12 +4,16 @@ host's index settings (a mirror with credentials that never show), and the stage
 from __future__ import annotations
 
 import hashlib
+import http.client
 import http.server
 import io
 import os
+import socket
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.error
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,7 +24,7 @@ import pytest
 from builder.build import supply
 from builder.common.errors import StepFailed
 from builder.common.paths import sha256_file
-from builder.lock import model, staging, store, uvbin
+from builder.lock import model, net, staging, store, uvbin
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.net import NetConfig
 from builder.lock.store import HashMismatch, Store
@@ -34,12 +38,15 @@ SIX_NAME = "six-1.17.0-py2.py3-none-any.whl"
 class Files(http.server.BaseHTTPRequestHandler):
     """Serves /files/<name> and a PEP 503 index at /simple/<project>/ (links to the files); records
     the paths asked for and the Authorization header it saw. `before[path]` runs before that path
-    is served (what another process does meanwhile)."""
+    is served (what another process does meanwhile). `faults[path]` lists what the next requests
+    for that path get instead, one each: an HTTP status ("503") or "cut" (the headers promise the
+    whole file, half of it comes, then the connection closes)."""
 
     files: ClassVar[dict[str, bytes]] = {}
     auth_seen: ClassVar[list[str]] = []
     paths_seen: ClassVar[list[str]] = []
     before: ClassVar[dict[str, Callable[[], object]]] = {}
+    faults: ClassVar[dict[str, list[str]]] = {}
 
     def do_GET(self) -> None:
         self.auth_seen.append(self.headers.get("Authorization", ""))
@@ -47,6 +54,18 @@ class Files(http.server.BaseHTTPRequestHandler):
         self.paths_seen.append(path)
         if path in self.before:
             self.before.pop(path)()
+        fault = self.faults.get(path, []).pop(0) if self.faults.get(path) else None
+        if fault == "cut":
+            body = self.files[path[7:]]
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2])
+            self.close_connection = True
+            return
+        if fault:
+            self.send_error(int(fault))
+            return
         if path.startswith("/files/") and path[7:] in self.files:
             body, kind = self.files[path[7:]], "application/octet-stream"
         elif path.startswith("/simple/"):
@@ -72,6 +91,7 @@ def server() -> Iterator[str]:
     Files.auth_seen = []
     Files.paths_seen = []
     Files.before = {}
+    Files.faults = {}
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Files)
     # A short poll: shutdown() waits for it, and the default (0.5 s) was most of this file's time.
     t = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
@@ -123,6 +143,94 @@ def test_a_planted_wrong_wheel_in_the_store_stops_the_build(server: str, tmp_pat
     assert "hash mismatch in the wheel store" in text and str(f) in text
     assert f"Expected: sha256:{six(server).sha256}" in text and "Computed: sha256:" in text
     assert f.read_bytes().startswith(b"print('pwned')")  # never silently replaced
+
+
+@pytest.fixture
+def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The store's waits between tries, recorded instead of slept."""
+    seen: list[float] = []
+    monkeypatch.setattr("builder.lock.store.time.sleep", seen.append)
+    return seen
+
+
+def test_a_transient_failure_is_tried_again_and_the_wheel_stored(server: str, tmp_path: Path,
+                                                                  waits: list[float]) -> None:
+    """A 503 from the index, then a body cut short, then the file: one of a cold build's 136 downloads
+    hiccuping costs two waits, not the build."""
+    Files.faults[f"/files/{SIX_NAME}"] = ["503", "cut"]
+    s = Store(tmp_path / "store")
+    stats = s.ensure([six(server)])
+    assert (stats.downloaded, Files.paths_seen.count(f"/files/{SIX_NAME}")) == (1, 3)
+    assert s.file(six(server)).read_bytes() == SIX and not list(s.path.glob(".tmp-*"))
+    assert waits == list(store.RETRY_WAITS_S) == [1.0, 4.0]
+
+
+def test_a_source_that_keeps_failing_is_given_up_after_three_attempts(server: str, tmp_path: Path,
+                                                                     waits: list[float]) -> None:
+    Files.faults[f"/files/{SIX_NAME}"] = ["503"] * 5
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store").ensure([six(server)])
+    assert f"cannot download {SIX_NAME}" in str(exc.value) and "503" in str(exc.value)
+    assert "(after 3 attempts)" in str(exc.value)
+    assert Files.paths_seen.count(f"/files/{SIX_NAME}") == 3 and len(waits) == 2
+    assert not list((tmp_path / "store").glob(".tmp-*")) and not (tmp_path / "store" / SIX_NAME).exists()
+
+
+def test_a_transfer_cut_short_is_not_called_a_changed_file(server: str, tmp_path: Path, waits: list[float]) -> None:
+    """http.client hands back the short body without a word; it must not become a "hash mismatch" (a
+    supply-chain alarm whose fix is to re-lock) but a network failure, tried again, then reported."""
+    Files.faults[f"/files/{SIX_NAME}"] = ["cut"] * 3
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store").ensure([six(server)])
+    assert not isinstance(exc.value, HashMismatch) and "hash mismatch" not in str(exc.value)
+    assert f"the connection closed after {len(SIX) // 2} of {len(SIX)} bytes (after 3 attempts)" in str(exc.value)
+
+
+def test_an_answer_after_a_hiccup_ends_the_tries(server: str, tmp_path: Path, waits: list[float]) -> None:
+    """A 503, then a 404: the 404 is the answer, given with how many tries it took."""
+    Files.faults[f"/files/{SIX_NAME}"] = ["503", "404"]
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store").ensure([six(server)])
+    assert "404" in str(exc.value) and "(after 2 attempts)" in str(exc.value) and waits == [1.0]
+
+
+@pytest.mark.parametrize("status", ["404", "403"])
+def test_an_answer_is_not_tried_again(server: str, tmp_path: Path, waits: list[float], status: str) -> None:
+    """A 404 or 403 is the index's answer: the next source is asked at once, and this one once only."""
+    Files.faults[f"/files/{SIX_NAME}"] = [status]
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store").ensure([six(server)])
+    assert status in str(exc.value) and "attempts" not in str(exc.value)
+    assert Files.paths_seen.count(f"/files/{SIX_NAME}") == 1 and waits == []
+
+
+def test_a_mirrors_index_page_is_tried_again_too(server: str, tmp_path: Path, waits: list[float]) -> None:
+    """An air-gapped site has only its mirror: a 502 on the mirror's page must not send the fetch to PyPI."""
+    Files.faults["/simple/six/"] = ["502"]
+    net = NetConfig({"PIP_INDEX_URL": f"{server}/simple"})
+    wheel = Wheel(SIX_NAME, "https://files.pythonhosted.org.invalid/six.whl", len(SIX), hashlib.sha256(SIX).hexdigest())
+    assert Store(tmp_path / "store", net).ensure([wheel]).downloaded == 1
+    assert Files.paths_seen == ["/simple/six/", "/simple/six/", f"/files/{SIX_NAME}"] and waits == [1.0]
+
+
+@pytest.mark.parametrize(("exc", "again"), [
+    (urllib.error.URLError(socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")), True),
+    (urllib.error.URLError(socket.gaierror(socket.EAI_NONAME, "Name or service not known")), False),
+    (urllib.error.URLError(TimeoutError("timed out")), True),
+    (TimeoutError("The read operation timed out"), True),
+    (ConnectionResetError(104, "Connection reset by peer"), True),
+    (http.client.RemoteDisconnected("Remote end closed connection without response"), True),
+    (http.client.IncompleteRead(b"x", 10), True),
+    (net.CutShort("the connection closed after 1 of 2 bytes"), True),
+    (urllib.error.URLError(ConnectionRefusedError(111, "Connection refused")), False),
+    (urllib.error.URLError(ssl.SSLCertVerificationError("certificate verify failed")), False),
+    (urllib.error.URLError("unknown url type: ftp"), False),
+    (OSError("only http(s) URLs are fetched"), False),
+    *[(urllib.error.HTTPError("u", code, "x", None, None), code in (408, 429, 500, 502, 503, 504))  # type: ignore[arg-type]
+      for code in (400, 401, 403, 404, 408, 410, 429, 500, 501, 502, 503, 504)],
+])
+def test_what_counts_as_transient(exc: BaseException, again: bool) -> None:
+    assert net.transient(exc) is again
 
 
 def test_sha256_file_reads_the_whole_file(tmp_path: Path) -> None:
@@ -253,6 +361,31 @@ def test_a_wrong_wheel_another_process_stored_meanwhile_is_refused(server: str, 
     assert str(path / IDNA_NAME) in str(exc.value)
     assert (path / IDNA_NAME).read_bytes() == b"X" * len(IDNA)  # neither trusted nor replaced
     assert f"/files/{IDNA_NAME}" not in Files.paths_seen
+
+
+def test_a_waiting_build_hears_of_every_wheel_stored_or_present(server: str, tmp_path: Path) -> None:
+    """on_ready (the build's wheel server) hears of each wheel: one already in the store at once, one
+    downloaded when it lands. A wheel it never hears of would keep an install RUN waiting."""
+    Files.files[IDNA_NAME] = IDNA
+    s = Store(tmp_path / "store")
+    s.ensure([idna(server)])
+    heard: list[tuple[str, str | None]] = []
+    s.ensure([six(server), idna(server)], on_ready=lambda name, error: heard.append((name, error)))
+    assert heard == [(IDNA_NAME, None), (SIX_NAME, None)]
+
+
+def test_a_failed_wheel_does_not_silence_the_others(server: str, tmp_path: Path) -> None:
+    """six (the bigger, fetched first with one job) fails; idna is still fetched and announced, and the
+    fetch then fails with six's reason."""
+    Files.files[IDNA_NAME] = IDNA
+    Files.faults[f"/files/{SIX_NAME}"] = ["404"]
+    heard: list[tuple[str, str | None]] = []
+    with pytest.raises(StepFailed) as exc:
+        Store(tmp_path / "store", jobs=1).ensure([six(server), idna(server)],
+                                                 on_ready=lambda name, error: heard.append((name, error)))
+    assert [n for n, _ in heard] == [SIX_NAME, IDNA_NAME] and heard[1][1] is None
+    assert heard[0][1] == f"cannot download {SIX_NAME}:" and "404" in str(exc.value)
+    assert (tmp_path / "store" / IDNA_NAME).read_bytes() == IDNA
 
 
 def test_prune_keeps_what_a_lock_names(server: str, tmp_path: Path) -> None:
