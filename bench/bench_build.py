@@ -1,7 +1,7 @@
 """Build speed, install time and reproducibility. Prints a markdown report (paste into BENCHMARKS.md).
 
     flock /tmp/ptmg-docker.lock .venv/bin/python bench/bench_build.py [--cell 2.7.0-cuda12.6-cudnn9-runtime]
-        [--skip-cold] [--repro]
+        [--pairs N] [--skip-cold] [--repro]
 
 On the engine DOCKER_HOST names (default: the system's); `build.py build` picks its builder there as
 a user's build would. On Docker 28 (scripts/engine28.sh start overlay2, then its environment):
@@ -19,6 +19,8 @@ Figures (targets are the project's requirements; every figure of one run comes f
      install, cold: no wheel cache), on the cell's own OS layer: BuildKit's step times
   4. after, cold: `build.py build --force --no-cache` with an EMPTY wheel store: the whole build
      (fetch, context transfer, every layer, export, probe)    <= 1.0x the floor (2)
+     --pairs N: figures 2 and 4 N times, alternated, each cold build against the floor run just
+     before it (the host's speed drifts over minutes); every ratio, the worst and the median
      and its torch RUN                                          <= 0.5x the torch RUN of (3)
      4b. where the builder is buildx (whose default is the wheel server): the same cold
      build with the wheels in the build context (PTMG_WHEEL_TRANSPORT=context), for comparison
@@ -40,7 +42,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,22 +52,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchlib import (  # noqa: E402
+    BENCH_REPO,
+    BENCH_TOKEN,
+    DOCKER,
+    LABELS,
+    context_bytes,
+    need_disk,
+    prune_own_records,
+    run,
+    step_times,
+    timed_build,
+)
+
 import ptmg_contract as contract  # noqa: E402
 from builder.build import buildenv  # noqa: E402
 from builder.lock.target import wanted  # noqa: E402
 from builder.render import dockerfile  # noqa: E402
 from builder.spec import ImageSpec, load_matrix  # noqa: E402
-
-PY = sys.executable
-DOCKER = "/usr/bin/docker"  # a 20.10 client: it speaks to newer engines too (DOCKER_HOST)
-LABELS = ["--label", "project=pt-multi-gpu", "--label", "ptmg-helper=bench"]
-
-
-def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False, **kw)
-
-
-BENCH_REPO = "ptmg-bench"
 
 
 def bench_config(workdir: Path, cell: str) -> Path:
@@ -94,49 +97,6 @@ def empty_store_of(cell: str) -> int:
     return len(names)
 
 
-def need_disk(gb: float, what: str) -> None:
-    free = shutil.disk_usage("/").free / 1e9
-    if free < gb:
-        sys.exit(f"{what}: {free:.1f} GB free, {gb:.0f} GB needed; free disk first (see docs/supply-chain.md)")
-
-
-def timed_build(args: list[str], env: dict[str, str] | None = None) -> tuple[float, list[dict[str, Any]], str]:
-    start = time.monotonic()
-    r = run([PY, "build.py", "build", "--json", *args], env={**os.environ, **(env or {})})
-    elapsed = time.monotonic() - start
-    if r.returncode != 0:
-        sys.exit(f"build failed: {r.stderr[-3000:]}")
-    return elapsed, json.loads(r.stdout), r.stderr
-
-
-# --- BuildKit's plain progress: step times ------------------------------------------------------
-def step_times(log: str) -> dict[str, float]:
-    """Seconds per step of a `--progress=plain` log: 'torch', 'tools', 'os', 'sbom', 'context', 'export'."""
-    names: dict[str, str] = {}
-    out: dict[str, float] = {}
-    for line in log.splitlines():
-        m = re.match(r"^#(\d+) (.*)$", line)
-        if not m:
-            continue
-        vid, rest = m.groups()
-        if vid not in names:
-            kind = ("context" if "load build context" in rest else "export" if rest.startswith("exporting to image")
-                    else "tools" if "wheelhouse/tools," in rest or "jupyterlab==" in rest
-                    else "torch" if "wheelhouse/torch," in rest or ("pip download" in rest and '"torch==' in rest)
-                    else "os" if "apt-get upgrade" in rest else "sbom" if "sbom.py" in rest else "")
-            names[vid] = kind
-            continue
-        done = re.match(r"^DONE (\d+(?:\.\d+)?)s", rest)
-        if done and names.get(vid):
-            out[names[vid]] = float(done.group(1))
-    return out
-
-
-def context_bytes(log: str) -> str:
-    m = re.findall(r"transferring context: ([\d.]+\w+) ([\d.]+)s done", log)
-    return f"{m[-1][0]} in {m[-1][1]} s" if m else "-"
-
-
 # --- 2. the floor ----------------------------------------------------------------------------------
 def floor_seconds(spec: ImageSpec) -> float:
     """pip download + pip install of the cell's requirements in a bare venv in a container, empty cache."""
@@ -154,10 +114,6 @@ def floor_seconds(spec: ImageSpec) -> float:
     if not line:
         sys.exit(f"floor run failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     return float(line[0].split()[1]) / 1000
-
-
-# --- 3. before: today's pip RUNs, cold ---------------------------------------------------------------
-BENCH_TOKEN = "ptmg-bench-before"
 
 
 def pip_run(reqs: list[str], spec: ImageSpec, cache_id: str, *, venv: bool) -> str:
@@ -206,37 +162,6 @@ def before(spec: ImageSpec, tag: str) -> dict[str, float]:
     if r.returncode != 0:
         sys.exit(f"the pip (before) build failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}")
     return step_times(r.stdout + r.stderr)
-
-
-# --- cleanup of what this run made ---------------------------------------------------------------------
-def prune_own_records(since: float) -> int:
-    """Remove the BuildKit records created after `since` that nothing uses (by id; never a cache mount)."""
-    freed = 0
-    for _ in range(8):  # children before parents: a parent frees nothing while a child holds it
-        sock = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
-        r = run(["curl", "-s", "--unix-socket", sock, "http://localhost/system/df"])
-        records = (json.loads(r.stdout or "{}").get("BuildCache") or [])
-        mine = [b for b in records if not b.get("InUse") and _epoch(str(b.get("CreatedAt", ""))) >= since
-                and (b.get("Type") != "exec.cachemount" or BENCH_TOKEN in str(b.get("Description", "")))]
-        if not mine:
-            break
-        for b in mine:
-            p = run([DOCKER, "builder", "prune", "-f", "--filter", f"id={b['ID']}"])
-            m = re.search(r"Total reclaimed space:\s*([\d.]+)(\w+)", p.stdout)
-            if m:
-                freed += int(float(m.group(1)) * {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}.get(m.group(2), 1))
-    return freed
-
-
-def _epoch(stamp: str) -> float:
-    import datetime as dt
-
-    try:
-        return dt.datetime.fromisoformat(stamp.replace("Z", "+00:00")[:26] + stamp[-6:] if "+" in stamp[-6:]
-                                         else stamp.replace("Z", "")[:26]).replace(
-            tzinfo=dt.timezone.utc).timestamp()
-    except ValueError:
-        return 0.0
 
 
 # --- 4. cold builds -------------------------------------------------------------------------------------
@@ -321,6 +246,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cell", default="2.7.0-cuda12.6-cudnn9-runtime")
     ap.add_argument("--skip-cold", action="store_true", help="skip figures 2-5 (minutes each, 6 GB of disk)")
+    ap.add_argument("--pairs", type=int, default=1, choices=range(1, 10), metavar="N",
+                    help="figures 2 and 4: N floor + cold build pairs, alternated (about 3.5 min each)")
     ap.add_argument("--repro", action="store_true", help="figure 7: two --no-cache builds compared")
     ap.add_argument("--workdir", type=Path, default=ROOT / "build-logs" / "bench")
     a = ap.parse_args()
@@ -343,9 +270,23 @@ def main() -> None:
     config = bench_config(a.workdir / "matrix", a.cell)
     bench_ref = f"{BENCH_REPO}:{a.cell}"
     if not a.skip_cold:
-        floor = floor_seconds(spec)
+        # The floor and the cold build, alternated: the host's speed drifts over minutes (the floor
+        # read 77-115 s on one machine), so each ratio compares two runs made side by side.
+        pairs = []
+        for _ in range(a.pairs):
+            floor = floor_seconds(spec)
+            cold, s, line = cold_build(a.cell, config, started, {})
+            pairs.append((floor, cold, s))
+        ratios = sorted(c / f for f, c, _ in pairs)
+        floors = ", ".join(f"{f:.0f}" for f, _, _ in pairs)
         out.append(f"| 2. pip floor: `pip download` + `pip install` of the same set, fresh venv, empty cache | "
-                   f"{floor:.0f} s | |")
+                   f"{floors} s | |")
+        each = ", ".join(f"{c:.0f} s = {c / f:.2f}x" for f, c, _ in pairs)
+        worst = f"; worst {ratios[-1]:.2f}x, median {ratios[len(ratios) // 2]:.2f}x" if len(pairs) > 1 else ""
+        out.append(f"| 4. after, cold ({line}): whole build, each against the floor just before it | {each}{worst} "
+                   "| <= 1.0x the floor |")
+        for i, (_, _, parts) in enumerate(pairs, start=1):
+            out.append(f"| 4. ... of which{f' (pair {i})' if len(pairs) > 1 else ''}: {parts['parts']} | |")
         tag = f"{BENCH_REPO}:pip-before"
         need_disk(9.5, "the pip (before) build")
         try:
@@ -355,16 +296,13 @@ def main() -> None:
         out.append(f"| 3. before locked installs: pip torch RUN / tools RUN, cold | {b.get('torch', 0):.1f} s / "
                    f"{b.get('tools', 0):.1f} s | |")
         prune_own_records(started)
-        cold, s, line = cold_build(a.cell, config, started, {})
-        out.append(f"| 4. after, cold ({line}): whole build | {cold:.0f} s = {cold / floor:.2f}x the floor "
-                   "| <= 1.0x the floor |")
-        out.append(f"| 4. ... of which: {s['parts']} | |")
-        out.append(f"| 4. torch RUN after / before | {s.get('torch', 0):.1f} s / {b.get('torch', 0):.1f} s = "
-                   f"{s.get('torch', 0) / max(b.get('torch', 1), 0.1):.2f}x | <= 0.5x |")
+        torch_after = sorted(p[2].get("torch", 0) for p in pairs)[len(pairs) // 2]
+        out.append(f"| 4. torch RUN after{' (median)' if len(pairs) > 1 else ''} / before | {torch_after:.1f} s / "
+                   f"{b.get('torch', 0):.1f} s = {torch_after / max(b.get('torch', 1), 0.1):.2f}x | <= 0.5x |")
         if "transport server" in line:
             other, o, oline = cold_build(a.cell, config, started, {"PTMG_WHEEL_TRANSPORT": "context"})
             out.append(f"| 4b. the same, wheels in the build context ({oline}): whole build | {other:.0f} s = "
-                       f"{other / floor:.2f}x the floor | |")
+                       f"{other / pairs[-1][0]:.2f}x the last floor | |")
             out.append(f"| 4b. ... of which: {o['parts']} | |")
         need_disk(8, "the warm build")
         warm, _, _ = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])
