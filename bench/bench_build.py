@@ -47,7 +47,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -98,10 +98,20 @@ def empty_store_of(cell: str) -> int:
 
 
 # --- 2. the floor ----------------------------------------------------------------------------------
-def floor_seconds(spec: ImageSpec) -> tuple[float, float]:
-    """pip download + pip install of the cell's requirements in a bare venv in a container, empty cache:
-    (download seconds, install seconds). The download goes through the host's network one file at a
-    time, and its speed drifts most."""
+class Floor(NamedTuple):
+    """One floor run's seconds: the download goes through the host's network one file at a time, and
+    its speed drifts most."""
+
+    download: float
+    install: float
+
+    @property
+    def total(self) -> float:
+        return self.download + self.install
+
+
+def floor_seconds(spec: ImageSpec) -> Floor:
+    """pip download + pip install of the cell's requirements in a bare venv in a container, empty cache."""
     reqs = [r for layer in wanted(spec).values() for r in layer if r != "pip"]
     pkgs = " ".join(repr(r) for r in reqs)
     script = ("set -e; python3 -m venv /tmp/v; t0=$(date +%s%N); "
@@ -117,7 +127,7 @@ def floor_seconds(spec: ImageSpec) -> tuple[float, float]:
     if not line:
         sys.exit(f"floor run failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     download, install = (float(ms) / 1000 for ms in line[0].split()[1:3])
-    return download, install
+    return Floor(download, install)
 
 
 def pip_run(reqs: list[str], spec: ImageSpec, cache_id: str, *, venv: bool) -> str:
@@ -277,16 +287,15 @@ def main() -> None:
         # The floor and the cold build, alternated: the host's speed drifts over minutes (the floor
         # read 77-115 s on one machine), so each ratio compares two runs made side by side.
         pairs = []
-        splits = []
         for _ in range(a.pairs):
-            download, install = floor_seconds(spec)
-            splits.append(f"{download + install:.0f} s ({download:.0f} + {install:.0f})")
+            floor = floor_seconds(spec)
             cold, s, line = cold_build(a.cell, config, started, {})
-            pairs.append((download + install, cold, s))
-        ratios = sorted(c / f for f, c, _ in pairs)
+            pairs.append((floor, cold, s))
+        ratios = sorted(c / f.total for f, c, _ in pairs)
+        floors = ", ".join(f"{f.total:.0f} s ({f.download:.0f} + {f.install:.0f})" for f, _, _ in pairs)
         out.append(f"| 2. pip floor: `pip download` + `pip install` of the same set, fresh venv, empty cache "
-                   f"(download + install) | {', '.join(splits)} | |")
-        each = ", ".join(f"{c:.0f} s = {c / f:.2f}x" for f, c, _ in pairs)
+                   f"(download + install) | {floors} | |")
+        each = ", ".join(f"{c:.0f} s = {c / f.total:.2f}x" for f, c, _ in pairs)
         worst = f"; worst {ratios[-1]:.2f}x, median {ratios[len(ratios) // 2]:.2f}x" if len(pairs) > 1 else ""
         out.append(f"| 4. after, cold ({line}): whole build, each against the floor just before it | {each}{worst} "
                    "| <= 1.0x the floor |")
@@ -307,7 +316,7 @@ def main() -> None:
         if "transport server" in line:
             other, o, oline = cold_build(a.cell, config, started, {"PTMG_WHEEL_TRANSPORT": "context"})
             out.append(f"| 4b. the same, wheels in the build context ({oline}): whole build | {other:.0f} s = "
-                       f"{other / pairs[-1][0]:.2f}x the last floor | |")
+                       f"{other / pairs[-1][0].total:.2f}x the last floor | |")
             out.append(f"| 4b. ... of which: {o['parts']} | |")
         need_disk(8, "the warm build")
         warm, _, _ = timed_build(["--config", str(config), "--only", a.cell, "--force", "--no-cache"])

@@ -89,10 +89,10 @@ def test_a_wheel_is_served_once_it_is_in_the_store(served: wheelserver.WheelServ
     assert get(served.url, f"/torch/{TORCH}", "HEAD")[0] == 200
     # A file counts once its handler's sendfile has returned, which can come just after the
     # client has read the last byte (9 in 300 tries on a loaded host): wait for it, bounded.
-    deadline = time.monotonic() + 5
-    while served.served != (1, len((store / TORCH).read_bytes())) and time.monotonic() < deadline:
+    sent, deadline = (1, (store / TORCH).stat().st_size), time.monotonic() + 5
+    while served.served != sent and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert served.served == (1, len((store / TORCH).read_bytes()))
+    assert served.served == sent
     assert served.requests == 2  # what the "never reached the server" hint reads (counted on arrival)
 
 
