@@ -66,10 +66,10 @@ from benchlib import (  # noqa: E402
 )
 
 import ptmg_contract as contract  # noqa: E402
-from builder.build import buildenv  # noqa: E402
+from builder.imaging import buildenv  # noqa: E402
 from builder.lock.target import wanted  # noqa: E402
+from builder.matrix import ImageSpec, load_matrix  # noqa: E402
 from builder.render import dockerfile  # noqa: E402
-from builder.spec import ImageSpec, load_matrix  # noqa: E402
 
 
 def bench_config(workdir: Path, cell: str) -> Path:

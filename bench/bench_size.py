@@ -27,8 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from builder.matrix import ImageSpec, load_matrix  # noqa: E402
 from builder.render.dockerfile import BASE_APT, COMPILE_APT, RDMA_APT  # noqa: E402
-from builder.spec import ImageSpec, load_matrix  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
 MIB = 1 << 20

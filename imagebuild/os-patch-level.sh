@@ -5,7 +5,7 @@
 # `apt-get update && apt-get upgrade`: the archive's state the upgrade applied (`updated`: the
 # newest Release date of the suites apt read, so the file is the same for every build of one
 # snapshot, never the build's wall-clock time), the snapshot key the host passed as the build arg
-# PTMG_OS_SNAPSHOT (the layer's cache key: builder/build/os_snapshot.py), and each suite apt read
+# PTMG_OS_SNAPSHOT (the layer's cache key: builder/imaging/os_snapshot.py), and each suite apt read
 # with its Release date, from apt's own lists. `build.py build` reads FILE into the
 # io.pt-multi-gpu.os.* labels, so they describe the OS layer as it was made, also when the layer
 # came from the cache. Plain `key: value` lines; root's, world-readable.

@@ -69,14 +69,14 @@ PLAN: tuple[Target, ...] = (
     Target("smoke_tests/ddp_watchdog.py", _SMOKE),
     Target("smoke_tests/smokelib.py", _SMOKE),
     # build.py repro: whether the engine can, the epoch, the layouts and what differs; dropping one build's records.
-    Target("builder/build/repro.py", ("tests/unit/test_repro.py",),
+    Target("builder/imaging/repro.py", ("tests/unit/test_repro.py",),
            only=("cannot", "read_layout", "layer_entries", "compare_entries", "differing_files",
                  "Verdict.same")),
-    Target("builder/build/os_snapshot.py", ("tests/unit/test_repro.py",), only=("Snapshot.epoch",)),
+    Target("builder/imaging/os_snapshot.py", ("tests/unit/test_repro.py",), only=("Snapshot.epoch",)),
     Target("builder/engine/buildcache.py", ("tests/unit/test_repro.py",), only=("BuildCache.drop_build_records",)),
     # The build's wheel server: only the lock's wheels, the bounded wait, the 503s; which builds use it.
     Target("builder/lock/wheelserver.py", ("tests/unit/test_wheelserver.py",)),
-    Target("builder/build/supply.py", ("tests/unit/test_wheelserver.py",),
+    Target("builder/imaging/supply.py", ("tests/unit/test_wheelserver.py",),
            only=("transport", "server_address", "served")),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).
     Target("builder/common/yamlpos.py", ("tests/unit/test_yamlpos.py", "tests/unit/test_spec.py")),

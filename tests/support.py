@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from builder.common.waiting import WaitTimeout, wait_until
-from builder.spec import ImageSpec, Matrix, load_matrix
+from builder.matrix import ImageSpec, Matrix, load_matrix
 
 __all__ = ["LATEST", "MID", "NO_ENGINE", "OLD", "SEED_MATRIX", "WaitTimeout", "build_py", "cell",
            "host_port", "load_module", "small_matrix", "wait_until", "write_matrix"]

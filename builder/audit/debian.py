@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import ptmg_contract as contract
 from builder.audit.report import FAILED, FINDINGS, OK, SectionResult, SectionSpec, Target
-from builder.build.apt_sources import DEFAULT_SECURITY_MIRROR, ENV_SECURITY_MIRROR
-from builder.build.os_snapshot import age_days
 from builder.engine import Engine, EngineError
+from builder.imaging.apt_sources import DEFAULT_SECURITY_MIRROR, ENV_SECURITY_MIRROR
+from builder.imaging.os_snapshot import age_days
 
 SECTION = "debian"
 COLUMNS = ("package", "installed", "fixed", "origin")

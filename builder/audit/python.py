@@ -6,7 +6,7 @@ Python components of its SBOM. Advisories come in OSV's format from the first so
 (builder/audit/osv.py): an offline snapshot when ``PTMG_OSV_DIR`` / ``--osv-dir`` names one (air-
 gapped sites; then nothing else), else OSV's API, then PyPI's per-release JSON.
 
-The verdict per finding, from images.yaml's ``audit.python`` (builder/spec/policy.py):
+The verdict per finding, from images.yaml's ``audit.python`` (builder/matrix/policy.py):
 
 - ``allowed``: an allowlist entry matches (advisory id or alias, package, cells) and has not
   expired; reported, not refused;
@@ -34,7 +34,7 @@ from builder.audit.report import FAILED, FINDINGS, OK, ImageAudit, SectionResult
 from builder.engine import Engine
 from builder.lock import model
 from builder.lock.net import Http, NetConfig
-from builder.spec.policy import SEVERITIES, AllowEntry, PythonPolicy
+from builder.matrix.policy import SEVERITIES, AllowEntry, PythonPolicy
 
 SECTION = "python"
 COLUMNS = ("package", "installed", "advisory", "severity", "fixed", "verdict")

@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from builder.common.errors import EXIT_INVALID
 from builder.common.yamlpos import control_character
-from builder.spec import platforms as spec_platforms
+from builder.matrix import platforms as spec_platforms
 
 
 class Parser(argparse.ArgumentParser):
@@ -73,7 +73,7 @@ def text(value: str) -> str:
 
 
 def platforms(text: str) -> tuple[str, ...]:
-    """``native`` | ``all`` | platforms, comma-separated (builder.spec.platforms)."""
+    """``native`` | ``all`` | platforms, comma-separated (builder.matrix.platforms)."""
     try:
         return spec_platforms.parse(text)
     except ValueError as exc:

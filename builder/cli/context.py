@@ -9,8 +9,8 @@ from pathlib import Path
 from builder.common.errors import InputError
 from builder.common.paths import project_root
 from builder.engine import Engine
+from builder.matrix import ImageSpec, Matrix
 from builder.render.dockerfile import docker_dir
-from builder.spec import ImageSpec, Matrix
 
 
 @dataclass

@@ -20,8 +20,8 @@ from builder.cli.verbs import VERBS
 from builder.common.errors import EXIT_FAILED, EXIT_INVALID, InputError, StepFailed
 from builder.common.log import log
 from builder.common.paths import project_root
+from builder.matrix import ImageSpec, load_matrix, platforms, select
 from builder.render.dockerfile import docker_dir_for, source_name
-from builder.spec import ImageSpec, load_matrix, platforms, select
 
 
 def _display(path: Path) -> str:

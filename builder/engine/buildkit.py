@@ -216,7 +216,7 @@ def _prefix(cli: BuildkitCli, req: BuildRequest) -> tuple[str, ...]:
     if req.oci_dest is None:
         return cli.argv_prefix
     if not cli.buildx:
-        raise ValueError("an OCI export needs the buildx CLI")  # callers check builder.build.repro's needs first
+        raise ValueError("an OCI export needs the buildx CLI")  # callers check builder.imaging.repro's needs first
     out = f"type=oci,tar=false,dest={req.oci_dest},rewrite-timestamp=true"
     return (*(a for a in cli.argv_prefix if a != "--load"), "--output", out)
 

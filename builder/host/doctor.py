@@ -8,13 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.build import supply
 from builder.common.errors import InputError
 from builder.engine import Engine, EngineError, buildx_facts, capabilities, find_buildkit_cli, missing_builder
 from builder.host import emulation
+from builder.imaging import supply
+from builder.matrix import ImageSpec
 from builder.smoke import gpufit
 from builder.smoke import gpus as gpus_mod
-from builder.spec import ImageSpec
 
 GB = 1000**3
 # A cold CUDA cell needs ~7 GB for its layers plus ~3 GB of wheels in the pip cache.

@@ -16,7 +16,7 @@ from builder.common.errors import InputError
 from builder.lock import model, uvbin
 from builder.lock.model import CellLock
 from builder.lock.target import LAYERS, requirement_name, target, wanted
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 
 
 def _relock(cell: str) -> str:

@@ -1,6 +1,6 @@
 """HTTP for the lock stage with the host's settings: index (PIP_INDEX_URL / PIP_EXTRA_INDEX_URL),
 proxies (HTTPS_PROXY, HTTP_PROXY, NO_PROXY) and CA bundle, the same ones a build carries as its
-secrets (builder/build/buildenv.py). Index credentials (``https://user:token@mirror/simple``) go
+secrets (builder/imaging/buildenv.py). Index credentials (``https://user:token@mirror/simple``) go
 only into an Authorization header for that index's host: never into argv, a log, a message or a
 lock (:func:`redact`).
 """

@@ -33,7 +33,7 @@ from builder.lock import model, uvbin
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.net import NetConfig, redact
 from builder.lock.target import LAYERS, PYPI, best_wheel, target, target_tags, wanted
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 
 _PIN_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)$")
 

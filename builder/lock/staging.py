@@ -2,7 +2,7 @@
 
 ``.build/context-<slot>/`` (one per parallel build slot: two cells never share one) holds
 
-- hard links to the files the Dockerfile copies or bind-mounts (``builder.build.inputs.
+- hard links to the files the Dockerfile copies or bind-mounts (``builder.imaging.inputs.
   context_files``: exactly what the inputs hash covers, so the context IS the hashed input);
 - ``wheelhouse/<layer>/``: hard links into the wheel store, one folder per installing layer
   (torch, tools, devel), so each RUN's cache key is exactly its own wheels; empty when the wheels

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
+from builder.matrix import ImageSpec
 from builder.render.dockerfile import core_requirements, devel_requirements
-from builder.spec import ImageSpec
 
 #: The layers that install into the venv, in build order (each its own RUN and wheel folder).
 LAYERS: tuple[str, ...] = ("torch", "tools", "devel")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import requests
 
 import ptmg_contract as contract
-from builder.build.os_snapshot import age_days
+from builder.imaging.os_snapshot import age_days
 from builder.publish.client import RegistryClient
 
 #: What must match for the registry's image to count as this one.

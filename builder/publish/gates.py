@@ -14,9 +14,9 @@ from builder.audit import debian
 from builder.audit.report import FAILED, Target
 from builder.common.log import log
 from builder.engine import Engine
+from builder.matrix import ImageSpec, Matrix
 from builder.publish.client import RegistryClient
 from builder.publish.freshness import OsPending, os_gate, registry_labels, unchanged_since
-from builder.spec import ImageSpec, Matrix
 
 
 @dataclass(frozen=True)

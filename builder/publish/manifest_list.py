@@ -32,13 +32,13 @@ from typing import Any, Protocol
 
 import ptmg_contract as contract
 from builder.engine.capabilities import CONTAINERD
+from builder.matrix import ImageSpec, Matrix, tags
+from builder.matrix.model import PLATFORMS
 from builder.publish.client import MANIFEST_LIST, MANIFEST_V2, OCI_INDEX, OCI_MANIFEST, Remote
 from builder.publish.faults import Fault
 from builder.publish.policy import image_date, image_revision
 from builder.publish.push import decide
 from builder.publish.report import FAILED, HELD, OK_STATUSES, PUSHED, REFUSED, UNCHANGED, CellReport, TagResult
-from builder.spec import ImageSpec, Matrix, tags
-from builder.spec.model import PLATFORMS
 
 #: The list's media type follows its entries': Docker's list for Docker v2 manifests (what dockerd
 #: pushes), the OCI index for OCI manifests.

@@ -6,8 +6,8 @@ import re
 from collections.abc import Mapping, Sequence
 
 import ptmg_contract as contract
+from builder.matrix import tags
 from builder.publish.report import OK_STATUSES, CellReport
-from builder.spec import tags
 
 
 def floating_gate(cells: Sequence[CellReport], allow_untested: bool) -> tuple[bool, list[str]]:

@@ -47,6 +47,7 @@ import ptmg_contract as contract
 from builder.common.log import log
 from builder.engine import EngineError
 from builder.engine.capabilities import CLASSIC, CONTAINERD, names_image
+from builder.matrix import ImageSpec, Matrix, tags
 from builder.publish import manifest_list
 from builder.publish.address import Registry
 from builder.publish.client import Remote
@@ -69,7 +70,6 @@ from builder.publish.report import (
 )
 from builder.publish.zstdpush import ZstdPusher
 from builder.smoke import passes
-from builder.spec import ImageSpec, Matrix, tags
 
 
 # --- orchestration ----------------------------------------------------------------------

@@ -23,8 +23,8 @@ from builder.audit.report import FAILED, OK, SectionResult
 from builder.common.log import log
 from builder.engine import Engine
 from builder.lock import model
+from builder.matrix import ImageSpec
 from builder.publish.report import Report
-from builder.spec import ImageSpec
 
 Gate = Callable[[ImageSpec, str, Mapping[str, str]], str | None]
 

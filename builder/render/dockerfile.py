@@ -16,8 +16,8 @@ from pathlib import Path
 import ptmg_contract as contract
 from builder.common.paths import project_root, template_dir
 from builder.common.templates import environment
-from builder.spec import ImageSpec
-from builder.spec.model import FLAVOUR_PIP, FLAVOURS
+from builder.matrix import ImageSpec
+from builder.matrix.model import FLAVOUR_PIP, FLAVOURS
 
 TEMPLATE = "Dockerfile.j2"
 PROJECT_URL = "https://github.com/pt-multi-gpu/pt-multi-gpu"

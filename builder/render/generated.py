@@ -14,9 +14,9 @@ import ptmg_contract as contract
 from builder.common.paths import template_dir
 from builder.common.templates import environment
 from builder.common.versions import version_key
+from builder.matrix import Matrix
 from builder.render import readme
 from builder.render.dockerfile import Rendered
-from builder.spec import Matrix
 
 
 def _template(name: str, matrix: Matrix) -> str:

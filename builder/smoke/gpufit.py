@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 
 import ptmg_contract as contract
 from builder.common.versions import Version
+from builder.matrix import ImageSpec
 from builder.smoke.gpus import HostGpu, RunPlan
-from builder.spec import ImageSpec
 
 
 def cell_problems(cell: ImageSpec, gpus: Sequence[HostGpu]) -> list[str]:

@@ -118,7 +118,7 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
     native_needed = any(item.path.name in NATIVE_FOR for item in items) and not os.environ.get("PTMG_TEST_IMAGE")
     arm64_needed = any(item.path.name in RUN_LAST and "arm_image" in getattr(item, "fixturenames", ())
                        for item in items)
-    from builder.spec import load_matrix
+    from builder.matrix import load_matrix
     from tests.docker import test_arm64
 
     build_py = (sys.executable, str(cellimage.ROOT / "build.py"))

@@ -44,9 +44,9 @@ from docker.models.containers import Container
 from docker.models.networks import Network
 
 import ptmg_contract as contract
-from builder.build.buildenv import detect, secret_files
 from builder.engine import BuildRequest, Engine, find_buildkit_cli
-from builder.spec import load_matrix
+from builder.imaging.buildenv import detect, secret_files
+from builder.matrix import load_matrix
 from tests.support import wait_until
 
 HERE = Path(__file__).resolve().parent / "slurm_cluster"

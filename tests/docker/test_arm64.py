@@ -35,8 +35,8 @@ from builder.host import emulation
 from builder.lock import model as lock_model
 from builder.lock import uvbin
 from builder.lock.store import Store, default_store
+from builder.matrix import load_matrix
 from builder.smoke import passes
-from builder.spec import load_matrix
 from tests.docker import cellimage
 from tests.docker.background import Job, Step
 from tests.docker.registry import LocalRegistry

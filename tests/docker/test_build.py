@@ -19,7 +19,7 @@ import pytest
 
 import ptmg_contract as contract
 from builder.engine import BuildRequest, Engine
-from builder.spec import ImageSpec, load_matrix
+from builder.matrix import ImageSpec, load_matrix
 from tests.support import cell
 
 from .cellimage import ROOT, BuiltCell

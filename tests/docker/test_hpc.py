@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec import load_matrix
+from builder.matrix import load_matrix
 
 from . import cellimage
 

@@ -33,8 +33,8 @@ import requests
 
 import ptmg_contract as contract
 from builder.engine import capabilities
+from builder.matrix import load_matrix
 from builder.publish.client import ACCEPT
-from builder.spec import load_matrix
 
 from .cellimage import DEFAULT_CELL, ROOT
 from .registry import LocalRegistry

@@ -35,9 +35,9 @@ import yaml
 
 import ptmg_contract as contract
 from builder.engine import Engine
+from builder.matrix import Matrix, load_matrix, tags
 from builder.publish import address, client, faults, publisher
 from builder.smoke import passes
-from builder.spec import Matrix, load_matrix, tags
 from tests.docker.pullengine import PullEngine
 from tests.docker.registry import LocalRegistry
 

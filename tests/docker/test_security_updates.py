@@ -20,9 +20,9 @@ import docker.errors
 import pytest
 
 import ptmg_contract as contract
-from builder.build import apt_sources
 from builder.engine import BuildRequest, Engine, find_buildkit_cli
-from builder.spec import load_matrix
+from builder.imaging import apt_sources
+from builder.matrix import load_matrix
 from tests.support import SEED_MATRIX, build_py, write_matrix
 
 from .cellimage import ROOT, BuiltCell

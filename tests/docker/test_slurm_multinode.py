@@ -29,9 +29,9 @@ import docker.errors
 import pytest
 
 import ptmg_contract as contract
+from builder.matrix import load_matrix
 from builder.smoke.results import find_ddp_result
 from builder.smoke.torchrun import ddp_job_args
-from builder.spec import load_matrix
 from tests.support import wait_until
 
 from .cellimage import BuiltCell

@@ -27,8 +27,8 @@ from builder.common.templates import environment
 from builder.lock import model, uvbin, wheelserver
 from builder.lock.model import Package
 from builder.lock.store import STORE_ENV, Store, default_store
+from builder.matrix import load_matrix
 from builder.render.dockerfile import SOURCE_DATE_EPOCH, stage_paths
-from builder.spec import load_matrix
 
 from . import cellimage
 from .cellimage import BuiltCell

@@ -30,9 +30,9 @@ import pytest
 
 import ptmg_contract as contract
 from builder.engine import Engine
+from builder.matrix import ImageSpec, load_matrix
 from builder.smoke import runner
 from builder.smoke.results import SelftestRun
-from builder.spec import ImageSpec, load_matrix
 
 from . import cellimage
 from .conftest import TrackedContainers

@@ -1,7 +1,7 @@
 """For unit tests of locks and of `build.py build` against a fake engine: locks that agree with
 images.yaml (or not), written where a build reads them, and a BuildKit CLI that is never run.
 
-The build's lock check (builder.build.supply.lock_state) is never stubbed: a test build reads the
+The build's lock check (builder.imaging.supply.lock_state) is never stubbed: a test build reads the
 lock this module writes, so a stale lock fails it as it fails a real build. Only the fetch and
 staging step (supply.prepare: the wheel store, the network) is replaced, by a recorder.
 """
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import orchestrate, supply
 from builder.engine import BuildkitCli
+from builder.imaging import orchestrate, supply
 from builder.lock import model, uvbin
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.target import requirement_name, target, wanted
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 from tests.support import ROOT
 
 FAKE_CLI = BuildkitCli("/nonexistent/docker", ("build",), {})

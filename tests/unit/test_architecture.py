@@ -169,7 +169,7 @@ def test_the_cycle_finder_finds_and_names_a_loop() -> None:
 def test_the_import_walker_sees_every_kind_of_import() -> None:
     by_target = {(i.target, i.lazy, i.type_only) for i in imports_of("builder.cli.registry")}
     assert ("builder.cli.context", False, True) in by_target  # under TYPE_CHECKING
-    lazy = {i.target for i in imports_of("builder.build.base_image") if i.lazy}
+    lazy = {i.target for i in imports_of("builder.imaging.base_image") if i.lazy}
     assert lazy == set() or all(t for t in lazy)
     assert len(MODULES) > 40 and "builder.engine.docker" in MODULES and "builder" in MODULES
 
@@ -297,9 +297,9 @@ NOT_TICKETS = (
     re.compile(r"restart #\d+ in"),  # the supervisor's restart count in its log line
 )
 #: The compatibility data's citations of pytorch/pytorch issues and PRs, listed by number under its
-#: PT_ISSUES source (builder/spec/compat_data.yaml); allowed in that file only.
+#: PT_ISSUES source (builder/matrix/compat_data.yaml); allowed in that file only.
 PYTORCH_CITATIONS = frozenset({"107302", "133593", "145167", "157517", "163764", "172352", "175253"})
-CITING_FILE = "builder/spec/compat_data.yaml"
+CITING_FILE = "builder/matrix/compat_data.yaml"
 
 
 def ticket_refs(path: str, text: str) -> list[str]:

@@ -17,8 +17,8 @@ import ptmg_contract as contract
 from builder.cli import main as cli
 from builder.engine import Engine
 from builder.host import doctor, emulation
+from builder.matrix import Matrix, platforms, tags
 from builder.render import dockerfile
-from builder.spec import Matrix, platforms, tags
 from tests.support import LATEST, SEED_MATRIX, cell, load_module, small_matrix, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def test_arm64_cell_names_its_own_base_and_apt_caches(matrix: Matrix) -> None:
 
 
 def test_real_images_yaml_has_the_newest_torch_as_an_arm64_cell() -> None:
-    from builder.spec import load_matrix
+    from builder.matrix import load_matrix
 
     m = load_matrix(ROOT / "images.yaml")
     arm = [c for c in m.cells if c.platform == "linux/arm64"]
@@ -285,8 +285,8 @@ class _BaseEngine:
 
 
 def test_foreign_base_local_pulled_or_refused(matrix: Matrix, monkeypatch: pytest.MonkeyPatch) -> None:
-    from builder.build import base_foreign
-    from builder.build.base_image import BaseError
+    from builder.imaging import base_foreign
+    from builder.imaging.base_image import BaseError
 
     arm = cell(matrix, ARM)
     assert base_foreign.ensure(_BaseEngine("arm64"), arm).how == "local"  # type: ignore[arg-type]
@@ -304,8 +304,8 @@ def test_a_base_is_made_by_one_process_at_a_time(matrix: Matrix, tmp_path: Path,
     """Two build.py processes (`make images` and a `--only X`, or the test tier's background builds)
     that both find a base missing must not both bootstrap it. While another process holds the
     base's lock, ensure() waits without touching the engine; then it finds the base local."""
-    from builder.build import base_foreign
     from builder.common import flock
+    from builder.imaging import base_foreign
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     arm = cell(matrix, ARM)

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import buildenv, inputs, probe
 from builder.engine import to_classic
 from builder.host import doctor
+from builder.imaging import buildenv, inputs, probe
+from builder.matrix import ImageSpec
 from builder.render import dockerfile
-from builder.spec import ImageSpec
 from tests.support import MID, small_matrix
 from tests.support import cell as cell_named
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from builder.spec.compat import DATA_FILE, Compat, CompatDataError, CudaVariant, TorchRelease
-from builder.spec.compat_load import load_compat
+from builder.matrix.compat import DATA_FILE, Compat, CompatDataError, CudaVariant, TorchRelease
+from builder.matrix.compat_load import load_compat
 
 ALL_RELEASES = [
     "2.0.0", "2.0.1",

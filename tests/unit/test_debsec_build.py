@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 import ptmg_contract as contract
-from builder.build import orchestrate, os_snapshot
 from builder.engine import BuildOutcome, BuildRequest, EngineError
 from builder.engine.model import RunResult
-from builder.spec import ImageSpec
+from builder.imaging import orchestrate, os_snapshot
+from builder.matrix import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 
 from .supply_fakes import lock_for, stub_prepare, write_lock

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import ptmg_contract as contract
+from builder.matrix import ImageSpec, Matrix
 from builder.publish import freshness
 from builder.publish import report as publish_report
-from builder.spec import ImageSpec, Matrix
 
 from .test_publish_logic import IMG_A, IMG_B, TAGS_A, A, B, FakeResponse, FakeSession, World, _digest, _err, _manifest
 

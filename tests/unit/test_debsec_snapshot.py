@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import inputs, os_snapshot
 from builder.common.errors import InputError
+from builder.imaging import inputs, os_snapshot
 
 SHA = {"amd64": "a" * 64, "arm64": "b" * 64}
 

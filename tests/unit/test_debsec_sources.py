@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 import ptmg_contract as contract
-from builder.build import apt_sources, base_image
 from builder.engine.model import RunResult
+from builder.imaging import apt_sources, base_image
 from tests.support import MID, cell, small_matrix
 
 #: What debootstrap leaves (one line, main only), and the official images' deb822 file.

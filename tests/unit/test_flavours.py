@@ -11,9 +11,9 @@ import pytest
 
 import ptmg_contract as contract
 from builder.common.yamlpos import ProblemsError
+from builder.matrix import ImageSpec, load_matrix
+from builder.matrix.compat_load import load_compat
 from builder.render import dockerfile
-from builder.spec import ImageSpec, load_matrix
-from builder.spec.compat_load import load_compat
 from tests.support import LATEST, MID, OLD, cell, small_matrix
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -635,7 +635,7 @@ def test_verb_prints_one_cell_to_stdout(matrix_file: Path, capsys: pytest.Captur
 
 
 def test_verb_gives_the_native_preflight_the_cells_torch(matrix_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from builder.spec import load_matrix
+    from builder.matrix import load_matrix
 
     (cell,) = [c for c in load_matrix(matrix_file).cells if c.name == CELL]
     assert cli.main(["launch", "--config", str(matrix_file), "--target", "slurm", "--only", CELL, "--launcher",
@@ -776,7 +776,7 @@ def test_devcontainer_runs_the_image_as_pt_in_workspace_with_gpus() -> None:
 
 def test_the_devcontainer_and_compose_name_a_cell_of_the_real_images_yaml() -> None:
     """Both name `pt-multi-gpu:<tag>` of a cell in images.yaml (or latest)."""
-    from builder.spec import load_matrix
+    from builder.matrix import load_matrix
 
     tags = {c.tag for c in load_matrix(ROOT / "images.yaml").cells} | {"latest"}
     assert load_devcontainer()["image"].split(":", 1)[1] in tags

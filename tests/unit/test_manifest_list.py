@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from builder.matrix import Matrix
 from builder.publish import address, client, faults, manifest_list, publisher
 from builder.publish import report as publish_report
 from builder.smoke import passes
-from builder.spec import Matrix
 from tests.support import LATEST, SEED_MATRIX, small_matrix
 from tests.unit.test_publish_logic import FakeEngine, FakeRegistry, _digest, _manifest, manifest_digest
 

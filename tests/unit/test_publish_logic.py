@@ -16,10 +16,10 @@ import requests
 from requests.structures import CaseInsensitiveDict
 
 from builder.engine import EngineError, capabilities
+from builder.matrix import Matrix, tags
 from builder.publish import address, client, credentials, faults, policy, publisher, push
 from builder.publish import report as publish_report
 from builder.smoke import passes
-from builder.spec import Matrix, tags
 from tests.support import LATEST, MID, small_matrix, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from builder.lock.target import target, wanted
+from builder.matrix import ImageSpec, load_matrix
 from builder.render import dockerfile
-from builder.spec import ImageSpec, load_matrix
 from tests.support import MID, OLD, small_matrix, write_matrix
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import repro
-from builder.build.os_snapshot import Snapshot, SuiteState
 from builder.cli.verbs.repro import digest
 from builder.engine import buildkit
 from builder.engine.capabilities import CLASSIC, CONTAINERD, Store
+from builder.imaging import repro
+from builder.imaging.os_snapshot import Snapshot, SuiteState
 
 
 def _cli(tmp_path: Path, buildkit_version: str) -> buildkit.BuildkitCli:

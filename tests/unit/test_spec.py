@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.common.yamlpos import ProblemsError
-from builder.spec import load_matrix, select
+from builder.matrix import load_matrix, select
 from tests.support import small_matrix
 
 ROOT = Path(__file__).resolve().parents[2]

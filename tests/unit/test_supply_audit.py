@@ -22,9 +22,9 @@ from builder.common.yamlpos import ProblemsError
 from builder.lock import model
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.target import Target
+from builder.matrix import Matrix
+from builder.matrix.policy import AllowEntry, PythonPolicy
 from builder.publish import vulns
-from builder.spec import Matrix
-from builder.spec.policy import AllowEntry, PythonPolicy
 from tests.support import ROOT, SEED_MATRIX, small_matrix
 
 FIXTURE = ROOT / "tests" / "fixtures" / "osv"

@@ -1,4 +1,4 @@
-"""The build refuses a stale lock: builder.build.supply.lock_state on its own, and `build.py build`'s
+"""The build refuses a stale lock: builder.imaging.supply.lock_state on its own, and `build.py build`'s
 orchestration against a fake engine, where a lock that no longer says what images.yaml says (or
 no lock at all) fails the cell before anything is fetched, staged or built."""
 
@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import orchestrate, os_snapshot, supply
 from builder.common.errors import InputError
+from builder.imaging import orchestrate, os_snapshot, supply
 from builder.lock import model
 from builder.lock.model import CellLock
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 
 from .supply_fakes import lock_for, package, stub_prepare, write_lock

@@ -17,7 +17,7 @@ from builder.lock import check, model, resolve, uvbin
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig, redact
 from builder.lock.target import best_wheel, target, target_tags, wanted
-from builder.spec import ImageSpec, load_matrix
+from builder.matrix import ImageSpec, load_matrix
 from tests.support import LATEST, MID, OLD, ROOT, small_matrix
 
 from .supply_fakes import lock_for, package

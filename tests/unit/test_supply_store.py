@@ -21,9 +21,9 @@ from typing import ClassVar
 
 import pytest
 
-from builder.build import supply
 from builder.common.errors import StepFailed
 from builder.common.paths import sha256_file
+from builder.imaging import supply
 from builder.lock import model, net, staging, store, uvbin
 from builder.lock.model import CellLock, Package, Wheel
 from builder.lock.net import NetConfig
@@ -458,7 +458,7 @@ def test_two_build_processes_never_share_a_context(tmp_path: Path) -> None:
     one would restage wheels into the context the other's BuildKit is still reading."""
     held = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; sys.path.insert(0, sys.argv[2]);"
-         "from pathlib import Path; from builder.build import supply;"
+         "from pathlib import Path; from builder.imaging import supply;"
          "cm = supply.Slots(Path(sys.argv[1]), jobs=1).slot(); ctx = cm.__enter__();"
          "print(ctx.name, flush=True); time.sleep(60)", str(tmp_path), str(ROOT)],
         stdout=subprocess.PIPE, text=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.spec import ImageSpec, Matrix, load_matrix, tags
+from builder.matrix import ImageSpec, Matrix, load_matrix, tags
 from tests.support import cell
 
 ROOT = Path(__file__).resolve().parents[2]

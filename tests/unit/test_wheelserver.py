@@ -16,16 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from builder.build import orchestrate, os_snapshot, supply
 from builder.common.errors import InputError, StepFailed
 from builder.engine import BuildkitCli, BuildOutcome, BuildRequest
 from builder.host import doctor
+from builder.imaging import orchestrate, os_snapshot, supply
 from builder.lock import wheelserver
 from builder.lock.model import CellLock, Package
 from builder.lock.net import NetConfig
 from builder.lock.store import FetchStats, HashMismatch, Store
 from builder.lock.target import Target
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 
 from .supply_fakes import FAKE_CLI, lock_for, write_lock

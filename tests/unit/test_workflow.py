@@ -245,7 +245,7 @@ def test_matrix_comes_from_build_py(wf: dict[str, Any]) -> None:
 
 
 def test_no_hand_kept_list_of_the_real_images_yaml_cells(wf: dict[str, Any]) -> None:
-    from builder.spec import load_matrix
+    from builder.matrix import load_matrix
 
     text = WORKFLOW.read_text()
     for cell in load_matrix(ROOT / "images.yaml").cells:

@@ -15,11 +15,11 @@ import pytest
 import requests
 
 from builder.engine import capabilities
+from builder.matrix import Matrix
 from builder.publish import address, client, faults, manifest_list, publisher
 from builder.publish import report as publish_report
 from builder.publish.zstdpush import ZSTD_LAYER, ZstdPusher
 from builder.smoke import passes
-from builder.spec import Matrix
 from tests.support import LATEST, MID, SEED_MATRIX, small_matrix, write_matrix
 from tests.unit.test_manifest_list import MATRIX as TWO_PLATFORMS
 from tests.unit.test_publish_logic import FakeEngine, FakeRegistry

@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from builder.build import apt_sources, base_foreign, base_image
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
-from builder.spec.model import DEFAULT_PLATFORM
+from builder.imaging import apt_sources, base_foreign, base_image
+from builder.matrix.model import DEFAULT_PLATFORM
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,7 +39,7 @@ def run(ctx: Context) -> int:
             done[ref] = "present" if engine.image_exists(ref) else "would pull or bootstrap"
             continue
         try:
-            if cell.platform != DEFAULT_PLATFORM:  # made under emulation (builder/build/base_foreign.py)
+            if cell.platform != DEFAULT_PLATFORM:  # made under emulation (builder/imaging/base_foreign.py)
                 if ctx.args.rebootstrap and cell.bootstrap:
                     base_foreign.bootstrap(engine, cell.bootstrap, ref, cell.platform, ctx.args.mirror,
                                            security_mirror=ctx.args.security_mirror)

@@ -7,12 +7,12 @@ import json
 import os
 from pathlib import Path
 
-from builder.build import base_image, buildenv
-from builder.build.orchestrate import BuildConfig, CellResult, build_all
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.log import BuildProgress, human_size, log, table
+from builder.imaging import base_image, buildenv
+from builder.imaging.orchestrate import BuildConfig, CellResult, build_all
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -8,13 +8,13 @@ import argparse
 import os
 from pathlib import Path
 
-from builder.build import buildenv
-from builder.build.supply import net_config
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import InputError
 from builder.common.log import human_size, log, table
+from builder.imaging import buildenv
+from builder.imaging.supply import net_config
 from builder.lock import check, model, resolve, uvbin
 from builder.lock.model import CellLock
 from builder.lock.store import STORE_ENV, Store, default_store

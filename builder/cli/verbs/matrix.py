@@ -13,7 +13,7 @@ from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.log import table
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 
 COLUMNS = ("name", "torch", "torchvision", "cuda", "cudnn", "nccl", "python", "flavour", "base", "compile", "latest")
 

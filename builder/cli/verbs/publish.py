@@ -18,6 +18,7 @@ from builder.common.errors import InputError
 from builder.common.log import human_size, log, table
 from builder.common.paths import project_root
 from builder.engine.capabilities import CLASSIC, UNKNOWN, unknown_store_line
+from builder.matrix import tags
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
@@ -28,7 +29,6 @@ from builder.publish.report import Report, report_json, short_digest, write_repo
 from builder.publish.vulns import annotate, combine, python_gate, write_extras
 from builder.publish.zstdpush import ZstdPusher
 from builder.smoke import passes
-from builder.spec import tags
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

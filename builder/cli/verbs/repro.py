@@ -9,14 +9,14 @@ import re
 import tempfile
 from pathlib import Path
 
-from builder.build import buildenv, repro
-from builder.build.orchestrate import BuildConfig
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import InputError
 from builder.common.log import BuildProgress, log, table
 from builder.engine import find_buildkit_cli
+from builder.imaging import buildenv, repro
+from builder.imaging.orchestrate import BuildConfig
 
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 

@@ -14,8 +14,8 @@ from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
 from builder.host import emulation
+from builder.matrix import platforms
 from builder.smoke import gpufit, gpus, passes, results, runner
-from builder.spec import platforms
 
 #: Time caps for a cell of another architecture (qemu-user: `import torch` alone takes 1-3 min on a
 #: busy 2-core host; the DDP job imports it once per rank, in parallel).

@@ -1,5 +1,5 @@
 """What decides an image, hashed: the rendered Dockerfile, every file the build copies, the base,
-and the state of the Debian archive the OS layer upgrades from (builder/build/os_snapshot.py).
+and the state of the Debian archive the OS layer upgrades from (builder/imaging/os_snapshot.py).
 
 An image carries this hash as a label; a build whose inputs hash matches the existing
 image is skipped (``make images`` twice is a no-op; after a new security release it is not).

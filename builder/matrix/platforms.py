@@ -11,7 +11,7 @@ from __future__ import annotations
 import platform as host
 from collections.abc import Sequence
 
-from builder.spec.model import DEFAULT_PLATFORM, PLATFORMS, ImageSpec
+from builder.matrix.model import DEFAULT_PLATFORM, PLATFORMS, ImageSpec
 
 NATIVE = "native"
 ALL = "all"

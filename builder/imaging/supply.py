@@ -32,15 +32,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.build.buildenv import BuildEnv, bundle, public_roots
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
+from builder.imaging.buildenv import BuildEnv, bundle, public_roots
 from builder.lock import check, model, staging, uvbin, wheelserver
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig
 from builder.lock.store import FetchStats, Store, default_store
 from builder.lock.target import LAYERS
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 
 CLASSIC_REFUSAL = ("the classic builder cannot bind-mount the locked, hash-checked wheels into the installing "
                    "RUNs, and this project installs from nothing else; build with BuildKit: Docker's `docker` "

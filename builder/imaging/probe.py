@@ -11,7 +11,7 @@ from typing import Any
 
 import ptmg_contract as contract
 from builder.engine import Engine, EngineError
-from builder.spec import ImageSpec
+from builder.matrix import ImageSpec
 
 PROBE = (f"CUDNN_DISTS = {contract.CUDNN_DISTS!r}\nNCCL_DISTS = {contract.NCCL_DISTS!r}\n"
          f"OS_PATCH_FILE = {contract.OS_PATCH_FILE!r}\n") + r"""
@@ -88,7 +88,7 @@ def check_probe(spec: ImageSpec, probed: dict[str, object]) -> list[str]:
         missing, extra = sorted(set(spec.arch_list) - set(arch)), sorted(set(arch) - set(spec.arch_list))
         out.append(f"cuda arch list: the compat data says {' '.join(spec.arch_list)}, torch in the image has "
                    f"{' '.join(arch)} (missing {missing or 'none'}, extra {extra or 'none'}); fix arch_list "
-                   "in builder/spec/compat_data.yaml")
+                   "in builder/matrix/compat_data.yaml")
     return out
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.common.yamlpos import Loc
-from builder.spec.policy import AuditPolicy
+from builder.matrix.policy import AuditPolicy
 
 # What each supported base OS gives us. Python follows the base OS: Debian's own
 # python3 is the interpreter the venv is made from, so there is one Python per OS.
@@ -45,7 +45,7 @@ DEFAULT_PLATFORM = "linux/amd64"
 PLATFORMS: Mapping[str, str] = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
 #: Docker Hub's per-architecture namespace of the official images (arm64v8/debian:bookworm-slim):
 #: the local name of a base on a platform other than linux/amd64 (one local name holds one
-#: platform, and `debian:bookworm-slim` here is the amd64 one). See builder/build/base_foreign.py.
+#: platform, and `debian:bookworm-slim` here is the amd64 one). See builder/imaging/base_foreign.py.
 ARCH_NAMESPACES: Mapping[str, str] = {"arm64": "arm64v8"}
 #: `cuda: cpu` asks for CPU-only torch.
 CPU = "cpu"
@@ -181,6 +181,6 @@ class Matrix:
     path: str
     repository: str
     cells: tuple[ImageSpec, ...]
-    audit: AuditPolicy = field(default_factory=AuditPolicy)  # images.yaml's `audit:` (builder/spec/policy.py)
+    audit: AuditPolicy = field(default_factory=AuditPolicy)  # images.yaml's `audit:` (builder/matrix/policy.py)
 
 

@@ -21,11 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import ptmg_contract as contract
-from builder.build import base_foreign, base_image, supply
-from builder.build.buildenv import BuildEnv, secret_files
-from builder.build.inputs import context_files, git_revision, inputs_hash, recipe_hash
-from builder.build.os_snapshot import Snapshot, Snapshots
-from builder.build.probe import check_probe, labels_for, probe
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
 from builder.engine import (
@@ -38,10 +33,15 @@ from builder.engine import (
     missing_builder,
 )
 from builder.host import emulation
+from builder.imaging import base_foreign, base_image, supply
+from builder.imaging.buildenv import BuildEnv, secret_files
+from builder.imaging.inputs import context_files, git_revision, inputs_hash, recipe_hash
+from builder.imaging.os_snapshot import Snapshot, Snapshots
+from builder.imaging.probe import check_probe, labels_for, probe
 from builder.lock import wheelserver
+from builder.matrix import ImageSpec
+from builder.matrix.model import DEFAULT_PLATFORM
 from builder.render import dockerfile as render
-from builder.spec import ImageSpec
-from builder.spec.model import DEFAULT_PLATFORM
 
 
 @dataclass(frozen=True)

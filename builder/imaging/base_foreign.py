@@ -3,7 +3,7 @@
 One local image name holds one platform, so such a base has a name of its own:
 Docker Hub's per-architecture name of the same image (``ImageSpec.base_ref``, e.g.
 ``arm64v8/debian:bookworm-slim``). :func:`ensure` uses a local one, else pulls that name for
-its platform, else bootstraps it the way :mod:`builder.build.base_image` bootstraps the host's
+its platform, else bootstraps it the way :mod:`builder.imaging.base_image` bootstraps the host's
 bases (same debootstrap variant, same -slim trim), with two differences:
 
 - ``debootstrap --arch=arm64``: its second stage runs in the new root through binfmt_misc and
@@ -23,14 +23,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ptmg_contract as contract
-from builder.build import apt_sources, base_image
-from builder.build.base_image import BaseError, BaseResult
 from builder.common import flock
 from builder.common.log import log
 from builder.engine import BuildkitCli, BuildRequest, Engine, find_buildkit_cli
 from builder.host import emulation
-from builder.spec import ImageSpec
-from builder.spec.model import PLATFORMS
+from builder.imaging import apt_sources, base_image
+from builder.imaging.base_image import BaseError, BaseResult
+from builder.matrix import ImageSpec
+from builder.matrix.model import PLATFORMS
 
 
 def architecture(engine: Engine, ref: str) -> str | None:

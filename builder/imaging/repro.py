@@ -26,13 +26,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.build.orchestrate import BuildConfig, export_reproducible, failure_text
 from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.engine import BuildkitCli, Engine
 from builder.engine.buildkit import buildx_facts
 from builder.engine.capabilities import CONTAINERD, Store, buildkit_version, need_feature
-from builder.spec import ImageSpec
+from builder.imaging.orchestrate import BuildConfig, export_reproducible, failure_text
+from builder.matrix import ImageSpec
 
 FEATURE = "rewrite-timestamp (bit-identical layers)"
 #: How many differing files a report names (the rest are counted).

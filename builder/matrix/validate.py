@@ -16,10 +16,10 @@ from typing import Any
 
 from builder.common.versions import version_key
 from builder.common.yamlpos import Loc, Located, Path_, Problem, ProblemsError, load, read_text
-from builder.spec.compat import Compat, CudaVariant, TorchRelease
-from builder.spec.compat_load import load_compat
-from builder.spec.expand import expand
-from builder.spec.model import (
+from builder.matrix.compat import Compat, CudaVariant, TorchRelease
+from builder.matrix.compat_load import load_compat
+from builder.matrix.expand import expand
+from builder.matrix.model import (
     APT_RE,
     BASES,
     CELL_KEYS,
@@ -36,7 +36,7 @@ from builder.spec.model import (
     ImageSpec,
     Matrix,
 )
-from builder.spec.policy import check_audit
+from builder.matrix.policy import check_audit
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -42,7 +42,7 @@ FAIL_ON: tuple[str, ...] = ("any", *SEVERITIES)
 ALLOW_KEYS: tuple[str, ...] = ("id", "package", "cells", "reason", "expires")
 ADVISORY_ID_RE = re.compile(r"^[A-Z][A-Z0-9]*-[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
-#: err(path, message, key) records a located problem (builder.spec.validate.Checker.err).
+#: err(path, message, key) records a located problem (builder.matrix.validate.Checker.err).
 Report = Callable[[Path_, str, bool], None]
 #: Where a path is written, as file:line:col (for messages about it long after validation).
 Locate = Callable[[Path_], str]

@@ -1,4 +1,4 @@
-"""Load and validate ``compat_data.yaml`` into :class:`builder.spec.compat.Compat`.
+"""Load and validate ``compat_data.yaml`` into :class:`builder.matrix.compat.Compat`.
 
 Every problem is reported at once, each with ``file:line``, the entry it concerns and,
 for unknown keys, a suggestion. Read through the one YAML-with-positions loader
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from builder.common.versions import Version
 from builder.common.yamlpos import ProblemsError, load, read_text
-from builder.spec.compat import (
+from builder.matrix.compat import (
     DATA_FILE,
     INDEX_URL,
     PYPI_SOURCE,
@@ -24,7 +24,7 @@ from builder.spec.compat import (
     FrozenMap,
     TorchRelease,
 )
-from builder.spec.compat_fields import (
+from builder.matrix.compat_fields import (
     _RE_CUDA,
     _RE_CUDA_MAJOR,
     _RE_CUDNN,

@@ -1,7 +1,7 @@
 """Known PyTorch / CUDA / cuDNN / NCCL / Python / torchvision combinations: the typed model.
 
 The data lives in ``compat_data.yaml`` (beside this module; every fact there carries its
-source in a comment) and is loaded and validated by :mod:`builder.spec.compat_load`.
+source in a comment) and is loaded and validated by :mod:`builder.matrix.compat_load`.
 Nothing here touches Docker, the network or the current directory.
 
 Minimum-driver rule (see the comment in the YAML): ``CudaVariant.min_driver``

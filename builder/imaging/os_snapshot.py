@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import requests
 
 import ptmg_contract as contract
-from builder.build.apt_sources import DEFAULT_MIRROR, DEFAULT_SECURITY_MIRROR, ENV_SECURITY_MIRROR, required_suites
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
+from builder.imaging.apt_sources import DEFAULT_MIRROR, DEFAULT_SECURITY_MIRROR, ENV_SECURITY_MIRROR, required_suites
 
 ENV_OVERRIDE = contract.OS_SNAPSHOT_ARG  # the same name in the host's environment
 TIMEOUT = (5.0, 20.0)  # connect, read (seconds)

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import ptmg_contract as contract
-from builder.build import apt_sources
 from builder.common import flock
 from builder.common.errors import StepFailed
 from builder.common.log import log
 from builder.engine import Engine
-from builder.spec import ImageSpec
+from builder.imaging import apt_sources
+from builder.matrix import ImageSpec
 
 DEFAULT_MIRROR = apt_sources.DEFAULT_MIRROR
 

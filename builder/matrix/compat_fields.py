@@ -1,5 +1,5 @@
 """The field-level checks of compat_data.yaml: each value parsed and checked where it is, every
-problem collected with its line (builder.spec.compat_load builds the tables from these)."""
+problem collected with its line (builder.matrix.compat_load builds the tables from these)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from builder.common.yamlpos import Loc, Path_, Problem, ProblemsError
-from builder.spec.model import CELL_KEYS, ImageSpec
+from builder.matrix.model import CELL_KEYS, ImageSpec
 
 if TYPE_CHECKING:
-    from builder.spec.validate import Checker
+    from builder.matrix.validate import Checker
 
 Cell = tuple[dict[str, Any], dict[str, Path_], Path_]
 

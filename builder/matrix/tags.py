@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from builder.common.errors import InputError
 from builder.common.versions import version_key
-from builder.spec.model import TAG_RE, ImageSpec, Matrix
+from builder.matrix.model import TAG_RE, ImageSpec, Matrix
 
 LATEST = "latest"
 SHA_RE = re.compile(r"^([0-9a-f]{7,40})(-dirty)?$")
