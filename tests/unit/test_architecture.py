@@ -181,8 +181,7 @@ def test_the_cycle_finder_finds_and_names_a_loop() -> None:
 def test_the_import_walker_sees_every_kind_of_import() -> None:
     by_target = {(i.target, i.lazy, i.type_only) for i in imports_of("builder.cli.registry")}
     assert ("builder.cli.context", False, True) in by_target  # under TYPE_CHECKING
-    assert ("builder.matrix.validate" in graph(with_lazy=False)["builder.matrix.expand"]) == any(
-        i.target == "builder.matrix.validate" and i.type_only for i in imports_of("builder.matrix.expand"))
+    assert "builder.cli.context" in graph(with_lazy=False)["builder.cli.registry"]  # a type-only import ties too
     lazy = {i.target for i in imports_of("builder.imaging.base_image") if i.lazy}
     assert lazy == set() or all(t for t in lazy)
     assert len(MODULES) > 40 and "builder.engine.docker" in MODULES and "builder" in MODULES
