@@ -9,8 +9,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.common.errors import InputError
-from builder.engine import Engine, EngineError, buildx_facts, capabilities, find_buildkit_cli, missing_builder
-from builder.host import emulation
+from builder.engine import (
+    Engine,
+    EngineError,
+    buildx_facts,
+    capabilities,
+    emulation,
+    find_buildkit_cli,
+    missing_builder,
+)
 from builder.imaging import supply
 from builder.matrix import ImageSpec
 from builder.smoke import gpufit

@@ -7,7 +7,7 @@ its platform, else bootstraps it the way :mod:`builder.imaging.base_image` boots
 bases (same debootstrap variant, same -slim trim), with two differences:
 
 - ``debootstrap --arch=arm64``: its second stage runs in the new root through binfmt_misc and
-  qemu-user, so emulation must work first (:mod:`builder.host.emulation`);
+  qemu-user, so emulation must work first (:mod:`builder.engine.emulation`);
 - the root filesystem becomes an image through a BuildKit build (``FROM scratch`` + ``ADD
   rootfs.tar /`` with ``--platform``), never ``docker import``, which records the host's
   architecture whatever ``--platform`` says (a later ``FROM`` of it then goes to a registry).
@@ -25,8 +25,7 @@ from pathlib import Path
 import ptmg_contract as contract
 from builder.common import flock
 from builder.common.log import log
-from builder.engine import BuildkitCli, BuildRequest, Engine, find_buildkit_cli
-from builder.host import emulation
+from builder.engine import BuildkitCli, BuildRequest, Engine, emulation, find_buildkit_cli
 from builder.imaging import apt_sources, base_image
 from builder.imaging.base_image import BaseError, BaseResult
 from builder.matrix import ImageSpec

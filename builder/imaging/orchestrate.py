@@ -29,10 +29,10 @@ from builder.engine import (
     BuildRequest,
     Engine,
     EngineError,
+    emulation,
     find_buildkit_cli,
     missing_builder,
 )
-from builder.host import emulation
 from builder.imaging import base_foreign, base_image, supply
 from builder.imaging.buildenv import BuildEnv, secret_files
 from builder.imaging.inputs import context_files, git_revision, inputs_hash, recipe_hash

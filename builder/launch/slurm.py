@@ -60,7 +60,7 @@ def native_torch_globs(cfg: LaunchConfig) -> tuple[str, ...]:
 
 
 def render_slurm(cfg: LaunchConfig) -> str:
-    """An sbatch script for ``cfg`` (see launch/sbatch.sh.j2)."""
+    """An sbatch script for ``cfg`` (see builder/launch/templates/sbatch.sh.j2)."""
     cfg.check()
     extra = [f"--time={cfg.time_limit}"]
     if cfg.gpus_per_node:

@@ -6,13 +6,23 @@ from __future__ import annotations
 import fnmatch
 import itertools
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from builder.common.yamlpos import Loc, Path_, Problem, ProblemsError
 from builder.matrix.model import CELL_KEYS, ImageSpec
 
-if TYPE_CHECKING:
-    from builder.matrix.validate import Checker
+
+class Checker(Protocol):
+    """What expanding asks of the validator (:class:`builder.matrix.validate.Checker`): it reports
+    located problems and type-checks a cell's fields. Named here, so expand does not import validate."""
+
+    def err(self, path: Path_, message: str, *, key: bool = False) -> None: ...
+
+    def mapping(self, value: Any, path: Path_, what: str) -> dict[str, Any] | None: ...
+
+    def unknown_keys(self, m: Mapping[str, Any], allowed: Sequence[str], path: Path_, where: str) -> None: ...
+
+    def cell_fields(self, m: Mapping[str, Any], path: Path_) -> dict[str, Any]: ...
 
 Cell = tuple[dict[str, Any], dict[str, Path_], Path_]
 

@@ -3,7 +3,7 @@
 The order, for the selected cells:
 
 1. Resolve each cell's local image (by id, once: a rebuild during the run can't
-   slip in) and its tags (builder/tags.py; date and sha from the image's labels,
+   slip in) and its tags (builder/matrix/tags.py; date and sha from the image's labels,
    so a rerun next week names the same tags for the same image).
 2. Immutable tags: read each one's manifest from the registry first.
    - absent (HTTP 404 with MANIFEST_UNKNOWN/NAME_UNKNOWN, nothing else) -> push;
@@ -18,7 +18,7 @@ The order, for the selected cells:
    than images.yaml's audit.debian.max_pending_days is refused (--allow-stale-os).
 3. The floating-tag gate: only when EVERY selected cell has all its immutable
    tags published and a smoke-test pass recorded for its exact image id
-   (builder.records; `--allow-untested` waives the latter, loudly).
+   (builder.smoke.passes; `--allow-untested` waives the latter, loudly).
 4. Floating tags (``<tag>``, ``2.7-cuda12.6``, ``latest``) move.
 5. A JSON and a Markdown report go to --report-dir. Exit 1 if anything failed.
 

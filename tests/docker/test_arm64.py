@@ -31,7 +31,7 @@ import docker.errors
 import pytest
 
 import ptmg_contract as contract
-from builder.host import emulation
+from builder.engine import emulation
 from builder.lock import model as lock_model
 from builder.lock import uvbin
 from builder.lock.store import Store, default_store

@@ -1,4 +1,4 @@
-"""The image's smoke tests in real containers (builder/smoke.py against `test_image`).
+"""The image's smoke tests in real containers (builder/smoke/ against `test_image`).
 
 - the selftest fails when the image's claims are wrong (it passes, with JUnit XML, in
   test_hpc.py: `build.py test` on both seed cells, the README's command on every cell);

@@ -1,6 +1,9 @@
 """The shape of builder/, checked from the source (AST only, nothing is imported):
 
-- no import cycle between builder's modules;
+- no import cycle between builder's modules, counting the imports made only for the type
+  checker (under ``if TYPE_CHECKING:``) and those made inside functions;
+- the stages stand in one order (:data:`STAGES`): a package imports only itself and the packages
+  before it, never a later one (any kind of import, type-only and function-level too);
 - only builder/engine talks to Docker (imports `docker`);
 - nothing outside builder/cli (and the `python -m builder` entry point) imports builder.cli:
   the stages never reach back up to the command line;
@@ -31,6 +34,14 @@ MAX_LINES = 400
 #: Where the size rule applies besides the top-level .py files: everything but tests/.
 SIZED = ("builder", "entrypoint", "smoke_tests", "imagebuild", "bench", "scripts")
 ENTRY_POINTS = {"builder.__main__"}  # `python -m builder`: the command line's other door, like build.py
+
+#: builder's packages, lowest first: each may import only itself and those before it. The base
+#: layers (common, engine), then the pipeline (images.yaml -> Matrix -> Dockerfile -> locks -> image
+#: -> smoke -> audit -> publish), then what reads the pipeline's results (launch, export, diff), the
+#: host's doctor (it judges the host with the stages' own rules: the supply address, the GPU fit) and
+#: the command line on top. A new package must be placed here.
+STAGES = ("common", "engine", "matrix", "render", "lock", "imaging", "smoke", "audit", "publish",
+          "launch", "export", "diff", "host", "cli")
 
 #: Lazy (function-level) imports that close a loop the import-time graph does not have, each
 #: with why. An entry here that no longer exists fails the test, so fixed ones get removed.
@@ -93,9 +104,10 @@ def imports_of(name: str) -> tuple[Import, ...]:
 
 
 def graph(with_lazy: bool) -> dict[str, set[str]]:
-    """builder module -> the builder modules it imports when imported (and, with_lazy, when used)."""
+    """builder module -> the builder modules it imports when imported or type-checked (and, with_lazy,
+    when used). A type-only import is an edge too: the two modules still can't be read apart."""
     return {name: {i.target for i in imports_of(name)
-                   if i.target in MODULES and i.target != name and not i.type_only and (with_lazy or not i.lazy)}
+                   if i.target in MODULES and i.target != name and (with_lazy or not i.lazy)}
             for name in MODULES}
 
 
@@ -169,6 +181,7 @@ def test_the_cycle_finder_finds_and_names_a_loop() -> None:
 def test_the_import_walker_sees_every_kind_of_import() -> None:
     by_target = {(i.target, i.lazy, i.type_only) for i in imports_of("builder.cli.registry")}
     assert ("builder.cli.context", False, True) in by_target  # under TYPE_CHECKING
+    assert "builder.cli.context" in graph(with_lazy=False)["builder.cli.registry"]  # a type-only import ties too
     lazy = {i.target for i in imports_of("builder.imaging.base_image") if i.lazy}
     assert lazy == set() or all(t for t in lazy)
     assert len(MODULES) > 40 and "builder.engine.docker" in MODULES and "builder" in MODULES
@@ -177,7 +190,34 @@ def test_the_import_walker_sees_every_kind_of_import() -> None:
 # --- the rules ---------------------------------------------------------------------------------------
 def test_no_import_cycle_at_import_time() -> None:
     loops = cycles(graph(with_lazy=False))
-    assert not loops, f"import cycles under builder/:\n{_show(loops)}"
+    assert not loops, f"import cycles under builder/ (imports under TYPE_CHECKING count):\n{_show(loops)}"
+
+
+def stage_of(module: str) -> str:
+    """builder.imaging.supply -> imaging; the package's root and `python -m builder` stand with the CLI."""
+    parts = module.split(".")
+    return "cli" if len(parts) < 2 or module in ENTRY_POINTS else parts[1]
+
+
+def later_stage_imports() -> list[str]:
+    """``path:line: a imports b (a later stage)`` for every import of a later stage, of any kind."""
+    rank = {stage: n for n, stage in enumerate(STAGES)}
+    return [f"{MODULES[name].relative_to(ROOT)}:{imp.line}: {stage_of(name)} imports {imp.target} "
+            f"({stage_of(imp.target)} is a later stage)"
+            for name, imp in _all_imports() if imp.target.startswith("builder.") or imp.target == "builder"
+            if rank[stage_of(imp.target)] > rank[stage_of(name)]]
+
+
+def test_every_package_of_builder_stands_in_the_stage_order() -> None:
+    packages = {p.parent.name for p in BUILDER.glob("*/__init__.py")}
+    assert packages == set(STAGES), (f"place {sorted(packages - set(STAGES))} in STAGES; "
+                                     f"drop {sorted(set(STAGES) - packages)}")
+    assert len(STAGES) == len(set(STAGES))
+
+
+def test_no_stage_imports_a_later_one() -> None:
+    bad = later_stage_imports()
+    assert not bad, "a stage imports a later one (STAGES is the order):\n" + "\n".join(bad)
 
 
 def test_lazy_imports_close_no_new_loop() -> None:
@@ -293,7 +333,7 @@ TICKET = re.compile(r"(?<![\w/&#-])#(\d+)\b")
 NOT_TICKETS = (
     re.compile(r"\"#[0-9a-fA-F]{6}\""),  # a colour in SVG: fill="#718096"
     re.compile(r"#\d+ (\[|CACHED|DONE)"),  # BuildKit's plain progress, step ids: "#7 [3/8] RUN ..."
-    re.compile(r"(mov x\d+, |svc )#\d+"),  # arm64 assembly immediates (builder/host/emulation.py)
+    re.compile(r"(mov x\d+, |svc )#\d+"),  # arm64 assembly immediates (builder/engine/emulation.py)
     re.compile(r"restart #\d+ in"),  # the supervisor's restart count in its log line
 )
 #: The compatibility data's citations of pytorch/pytorch issues and PRs, listed by number under its

@@ -15,8 +15,8 @@ import pytest
 
 import ptmg_contract as contract
 from builder.cli import main as cli
-from builder.engine import Engine
-from builder.host import doctor, emulation
+from builder.engine import Engine, emulation
+from builder.host import doctor
 from builder.matrix import Matrix, platforms, tags
 from builder.render import dockerfile
 from tests.support import LATEST, SEED_MATRIX, cell, load_module, small_matrix, write_matrix

@@ -1,4 +1,4 @@
-"""Unit tests for builder/compat.py and builder/compat_data.yaml (no Docker, no network)."""
+"""Unit tests for builder/matrix/compat*.py and builder/matrix/compat_data.yaml (no Docker, no network)."""
 
 from __future__ import annotations
 

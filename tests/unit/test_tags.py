@@ -1,4 +1,4 @@
-"""The tag scheme (builder/tags.py): pure, derived from images.yaml only."""
+"""The tag scheme (builder/matrix/tags.py): pure, derived from images.yaml only."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import StepFailed
 from builder.common.log import log, table
-from builder.host import emulation
+from builder.engine import emulation
 from builder.matrix import platforms
 from builder.smoke import gpufit, gpus, passes, results, runner
 
