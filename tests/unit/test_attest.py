@@ -83,7 +83,7 @@ def facts(digest: str, lock: str = LOCK, snapshot: str = SNAPSHOT) -> statements
         cell=CELL, platform="linux/amd64", digest=digest, image_id="sha256:" + "11" * 32, entry=ENTRY,
         lock_sha256=lock, revision="c9a65d3bb0835365687f8af39d66a6e9ad4fd00c", os_snapshot=snapshot,
         os_suites="bookworm@2026-07-11T10:16:37Z bookworm-security@2026-12-02T23:13:43Z",
-        source_date_epoch=1796858023, base="pt-multi-gpu-base:bookworm", base_id="sha256:" + "22" * 32,
+        source_date_epoch=1796253223, base="pt-multi-gpu-base:bookworm", base_id="sha256:" + "22" * 32,
         engine={"engine": "Docker Engine 20.10.24", "api": "1.41", "builder": "buildkit"},
         source="https://github.com/pt-multi-gpu/pt-multi-gpu",
         smoke={"status": "passed", "at": "2026-12-05T06:00:00Z", "passed": 40, "skipped": 2, "nodes": 1},
