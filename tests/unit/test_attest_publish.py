@@ -40,14 +40,15 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry
 
 
 class FakeEngine:
-    """The two engine answers signing asks for (pure data)."""
+    """The two engine answers signing asks for (pure data): each image id's labels, the base image's id."""
 
-    def __init__(self, labels: dict[str, str]) -> None:
+    def __init__(self, labels: dict[str, str], by_id: dict[str, dict[str, str]] | None = None) -> None:
         self.labels = labels
+        self.by_id = by_id or {}
 
     def image_attrs(self, ref: str) -> dict[str, Any] | None:
         if ref.startswith("sha256:"):
-            return {"Id": ref, "Config": {"Labels": self.labels}}
+            return {"Id": ref, "Config": {"Labels": self.by_id.get(ref, self.labels)}}
         return {"Id": "sha256:" + "42" * 32}  # the base image
 
     def version(self) -> dict[str, Any]:
@@ -74,6 +75,12 @@ class Published:
         self.engine = FakeEngine({contract.LABEL_CELL: self.spec.name, contract.LABEL_OS_SNAPSHOT: SNAPSHOT,
                                   contract.LABEL_OS_SUITES: SUITES, contract.OCI_REVISION: "c9a65d3-dirty",
                                   contract.LABEL_BUILDER: "buildkit"})
+
+    def engine_for(self, cells: dict[str, str]) -> FakeEngine:
+        """An engine whose image ``sha256:11…`` is the first cell's, ``sha256:33…`` the second's."""
+        names = list(cells)
+        return FakeEngine(self.engine.labels, {"sha256:" + "33" * 32: {**self.engine.labels,
+                                                                       contract.LABEL_CELL: names[1]}})
 
     def report(self) -> Report:
         tag = TagResult(self.spec.tag, f"{self.ref}:{self.spec.tag}", "immutable", PUSHED, digest=self.digest)
@@ -153,3 +160,38 @@ def test_keygen_and_a_refused_sign_key_on_the_command_line(tmp_path: Path) -> No
                      env={"PTMG_SIGN_KEY_FILE": str(enc)} if not how else None)
         assert r.returncode == 2, r.stderr
         assert "ENCRYPTED SIGSTORE PRIVATE KEY) is not supported" in r.stderr and body[:20] not in r.stderr
+
+
+def test_an_index_is_signed_with_its_platforms_and_verify_checks_all_three(tmp_path: Path,
+                                                                           registry: LocalRegistry) -> None:
+    """A tag of two platform images (one OCI index): three digests signed, the index's statements naming both
+    cells; `build.py verify` on the tag checks the index and each platform's image."""
+    w = Published(tmp_path, registry)
+    second = w.matrix.cells[1]
+    lock = tmp_path / "locks" / second.name / "pylock.toml"
+    lock.parent.mkdir(parents=True)
+    lock.write_text('lock-version = "1.0"\n# the second platform\n')
+    other = push_image(w.store, "other-platform", cell=second.name)
+    entries = []
+    for digest, arch in ((w.digest, "amd64"), (other, "arm64")):
+        body = w.store.get_manifest(digest)
+        assert body is not None
+        entries.append({"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "size": len(body),
+                        "digest": digest, "platform": {"os": "linux", "architecture": arch}})
+    index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                        "manifests": entries}).encode()
+    index_digest = w.store.put_manifest("both", "application/vnd.oci.image.index.v1+json", index)
+    report = w.report()
+    report.cells[0].tags.append(TagResult("both", f"{w.ref}:both", "floating", PUSHED, digest=index_digest))
+    report.cells.append(CellReport(second.name, second.ref, "sha256:" + "33" * 32, smoke={"status": "passed"},
+                                   tags=[TagResult("other-platform", f"{w.ref}:other-platform", "immutable", PUSHED,
+                                                   digest=other)]))
+    Signing(w.key, w.client, w.engine_for({w.spec.name: w.digest, second.name: other}), w.matrix, tmp_path,
+            audited={}, sbom_dir=tmp_path / "sbom", allow_stale_os=False).run(report, w.matrix.cells[:2])
+    signed = {s["digest"]: s for s in report.signed}
+    assert set(signed) == {w.digest, other, index_digest}
+    assert signed[index_digest]["cells"] == [w.spec.name, second.name] and signed[other]["cells"] == [second.name]
+    ok = build_py("verify", f"{w.ref}:both", "--key", str(w.pub), "--config", str(tmp_path / "images.yaml"),
+                  timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert f"{index_digest} ({w.spec.name}, {second.name}): verified" in ok.stdout and "OK, 3 digest(s)" in ok.stdout
