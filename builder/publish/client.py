@@ -172,6 +172,28 @@ class RegistryClient:
             return Remote(fault=got)
         return manifest_remote(got.status_code, got.headers, got.content, what)
 
+    def raw_manifest(self, reference: str) -> bytes | Fault | None:
+        """The bytes the registry serves under a tag or digest (None: absent), checked against its digest."""
+        url = f"{self.registry.api_base}/v2/{self.path}/manifests/{reference}"
+        what = f"GET {self.registry.host}/{self.path}:{reference} manifest"
+        got = self._send("GET", url, {"Accept": ACCEPT}, None, what)
+        if isinstance(got, Fault):
+            return got
+        remote = manifest_remote(got.status_code, got.headers, got.content, what)
+        if remote.fault is not None:
+            return remote.fault
+        return got.content if remote.present else None
+
+    def blob(self, digest: str) -> bytes | Fault:
+        """A blob's bytes, as served (the caller checks them against ``digest``: a mismatch is its finding)."""
+        what = f"GET {self.registry.host}/{self.path}@{digest}"
+        got = self._send("GET", f"{self.registry.api_base}/v2/{self.path}/blobs/{digest}", {}, None, what)
+        if isinstance(got, Fault):
+            return got
+        if got.status_code != 200:
+            return http_fault(got.status_code, got.headers, got.content, what)
+        return got.content
+
     def put_manifest(self, reference: str, media_type: str, body: bytes) -> str | Fault:
         """PUT a manifest (a manifest list / OCI index) under a tag: the digest the registry answers, or
         the fault. The caller reads the tag back to verify it."""

@@ -79,6 +79,8 @@ class Report:
     floating_gate: dict[str, Any] = field(default_factory=dict)
     cells: list[CellReport] = field(default_factory=list)
     ok: bool = False
+    signing_key: str = ""  # --sign-key: the public key's sha256 (never the key)
+    signed: list[dict[str, Any]] = field(default_factory=list)  # per digest: what was signed (builder/attest)
 
 
 
@@ -115,6 +117,15 @@ def report_markdown(report: Report, secrets: Iterable[str] = ()) -> str:
         lines.append(f"| {c.cell} | `{short_digest(c.digest)}` | {human_size(c.compressed_size)} | "
                      f"{human_size(c.uncompressed_size)} | {v.get('torch', '-')} | {v.get('cuda', '-')} | "
                      f"{v.get('cudnn', '-')} | {c.smoke.get('status', '-')} |")
+    if report.signing_key:
+        lines += ["", "## Signed", "", f"- key: `{report.signing_key}` (the public key's sha256)", "",
+                  "| digest | cells | .att | .sig | statements |", "|---|---|---|---|---|"]
+        for s in report.signed:
+            if "error" in s:
+                lines.append(f"| `{s['digest']}` | {', '.join(s['cells'])} | **failed**: {s['error']} | - | - |")
+            else:
+                lines.append(f"| `{s['digest']}` | {', '.join(s['cells'])} | {s['att_status']} | {s['sig_status']} | "
+                             f"{', '.join(s['predicate_types'])} |")
     for c in report.cells:
         lines += ["", f"## {c.cell}", "", f"- local image: `{c.image}` ({c.image_id or 'missing'})"]
         if c.digest:

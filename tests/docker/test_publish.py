@@ -11,6 +11,7 @@ real cell image (`test_image`, several GB).
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import io
@@ -312,6 +313,79 @@ def test_rerun_with_nothing_changed_uploads_nothing(registry: Callable[..., Loca
     assert all(r["layers_uploaded"] == [] for r in again.tags(OTHER_CELL).values())
     assert again.cell(OTHER_CELL)["digest"] == first.cell(OTHER_CELL)["digest"]
     assert reg.snapshot() == before, "the registry's storage changed on a rerun with nothing new"
+
+
+SIGSTORE_JS = ("@sigstore/verify@4.1.3", "@sigstore/bundle@5.0.1", "@sigstore/core@4.0.1")
+
+
+def sigstore_js() -> Path:
+    """node_modules with sigstore-js, installed once into a cache outside the repository (npm)."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pt-multi-gpu" / "sigstore-js"
+    if not (cache / "node_modules" / "@sigstore" / "verify" / "package.json").is_file():
+        if not shutil.which("npm") or not shutil.which("node"):
+            raise AssertionError("the independent verifier needs node and npm (apt-get install -y nodejs npm)")
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--prefix", str(cache), "--no-audit", "--no-fund", *SIGSTORE_JS],
+                       check=True, capture_output=True, timeout=300)
+    return cache / "node_modules"
+
+
+def test_signed_publish_verifies_with_build_py_and_sigstore_js_and_a_rerun_signs_nothing(
+        registry: Callable[..., LocalRegistry], images: Images, publish: Callable[..., Run], config_file: Path,
+        tmp_path: Path) -> None:
+    """publish --sign-key: every digest it pushed gets its .att (provenance, gates; the toy image has no SBOM)
+    and .sig; `build.py verify` accepts it; sigstore-js verifies each stored DSSE envelope with the public key
+    alone (no transparency log); a rerun signs nothing and writes nothing."""
+    reg = registry()
+    image_id = images.small(OTHER_CELL)
+    passes.record_pass(ROOT, image_id, OTHER_CELL, passed=10, skipped=0)
+    made = subprocess.run([sys.executable, str(ROOT / "build.py"), "keygen", str(tmp_path / "signing")],
+                          capture_output=True, text=True, check=False)
+    assert made.returncode == 0, made.stderr
+    first = publish(reg, OTHER_CELL, args=("--sign-key", str(tmp_path / "signing.key")))
+    assert first.rc == 0, first.stderr
+    digest = first.cell(OTHER_CELL)["digest"]
+    [signed] = first.report["signed"]
+    assert signed["digest"] == digest and (signed["att_status"], signed["sig_status"]) == ("signed", "signed")
+    assert signed["predicate_types"] == ["https://slsa.dev/provenance/v1",
+                                         "https://github.com/pt-multi-gpu/pt-multi-gpu/attestation/gates/v1"]
+    LOGGER.info("signing took %.2f s for %s", signed["seconds"], digest)
+    assert signed["seconds"] < 5
+    secret = (tmp_path / "signing.key").read_text().splitlines()[1]
+    assert secret not in first.stdout + first.stderr + json.dumps(first.report)
+
+    ref = f"{reg.host}/{NAMESPACE}/{images.repo}:{OTHER_CELL}"
+    ok = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", ref, "--key", str(tmp_path / "signing.pub"),
+                         "--config", str(config_file)], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert f"{digest} ({OTHER_CELL}): verified" in ok.stdout
+
+    path = f"{NAMESPACE}/{images.repo}"
+    att = requests.get(f"{reg.url}/v2/{path}/manifests/{signed['attestations']}",
+                       headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}, timeout=10).json()
+    modules = sigstore_js()
+    for i, layer in enumerate(att["layers"]):
+        envelope = tmp_path / f"envelope-{i}.json"
+        envelope.write_bytes(requests.get(f"{reg.url}/v2/{path}/blobs/{layer['digest']}", timeout=10).content)
+        js = subprocess.run(["node", str(ROOT / "tests" / "docker" / "sigstore_verify.mjs"), str(modules),
+                             str(envelope), str(tmp_path / "signing.pub")], capture_output=True, text=True,
+                            timeout=60, check=False)
+        assert js.returncode == 0 and js.stdout.strip() == "verified application/vnd.in-toto+json", js.stdout + js.stderr
+        data = json.loads(envelope.read_text())
+        body = bytearray(base64.b64decode(data["payload"]))
+        body[len(body) // 2] ^= 1  # one payload byte changed, the signature kept
+        data["payload"] = base64.b64encode(bytes(body)).decode()
+        envelope.write_text(json.dumps(data))
+        bad = subprocess.run(["node", str(ROOT / "tests" / "docker" / "sigstore_verify.mjs"), str(modules),
+                              str(envelope), str(tmp_path / "signing.pub")], capture_output=True, text=True,
+                             timeout=60, check=False)
+        assert bad.returncode == 1 and "FAILED" in bad.stdout, bad.stdout + bad.stderr
+
+    before = reg.snapshot()
+    again = publish(reg, OTHER_CELL, args=("--sign-key", str(tmp_path / "signing.key")))
+    assert again.rc == 0, again.stderr
+    assert [(s["att_status"], s["sig_status"]) for s in again.report["signed"]] == [("unchanged", "unchanged")]
+    assert reg.snapshot() == before, "a rerun that changed nothing wrote to the registry"
 
 
 def test_immutable_tag_never_overwritten(registry: Callable[..., LocalRegistry], images: Images,

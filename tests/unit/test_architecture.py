@@ -40,7 +40,7 @@ ENTRY_POINTS = {"builder.__main__"}  # `python -m builder`: the command line's o
 #: -> smoke -> audit -> publish), then what reads the pipeline's results (launch, export, diff), the
 #: host's doctor (it judges the host with the stages' own rules: the supply address, the GPU fit) and
 #: the command line on top. A new package must be placed here.
-STAGES = ("common", "engine", "matrix", "render", "lock", "imaging", "smoke", "audit", "publish",
+STAGES = ("common", "engine", "matrix", "render", "lock", "imaging", "smoke", "audit", "attest", "publish",
           "launch", "export", "diff", "host", "cli")
 
 #: Lazy (function-level) imports that close a loop the import-time graph does not have, each

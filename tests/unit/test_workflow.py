@@ -226,6 +226,27 @@ def test_an_unchanged_week_publishes_nothing(wf: dict[str, Any]) -> None:
     assert (args.publish_unchanged, args.allow_stale_os, args.allow_untested) == (False, False, False)
 
 
+def signing_problems(wf: Mapping[str, Any]) -> list[str]:
+    """Where a job other than publish could read the signing key, or publish would not sign."""
+    found = [f"job {name} reads the signing key" for name, job in wf["jobs"].items()
+             if name != "publish" and "PTMG_SIGN_KEY" in json.dumps(job)]
+    steps = [s for s in wf["jobs"]["publish"]["steps"] if "make publish" in str(s.get("run", ""))]
+    if not steps or "secrets.PTMG_SIGN_KEY" not in json.dumps(steps[0].get("env", {})) or \
+            'export PTMG_SIGN_KEY_FILE=' not in str(steps[0].get("run", "")):
+        found.append("publish does not sign with the key from the secret PTMG_SIGN_KEY (in a file)")
+    return found
+
+
+def test_only_the_publish_job_signs_with_the_key_from_a_secret(wf: dict[str, Any]) -> None:
+    assert signing_problems(wf) == []
+    broken = _load()
+    broken["jobs"]["build"].setdefault("env", {})["K"] = "${{ secrets.PTMG_SIGN_KEY }}"
+    (step,) = [s for s in broken["jobs"]["publish"]["steps"] if "make publish" in str(s.get("run", ""))]
+    step["env"].pop("SIGN_KEY")
+    assert signing_problems(broken) == ["job build reads the signing key",
+                                        "publish does not sign with the key from the secret PTMG_SIGN_KEY (in a file)"]
+
+
 @pytest.mark.parametrize("flag", PUBLISH_OVERRIDES)
 def test_the_override_check_catches_a_publish_that_forces(flag: str) -> None:
     broken = _load()
@@ -306,9 +327,9 @@ def test_publish_after_everything_builds_fresh_then_gates(wf: dict[str, Any]) ->
              'flock "$PTMG_GPU_LOCK" .venv/bin/python build.py test --require-gpu', 'make publish REGISTRY="$REGISTRY"']
     positions = [runs.index(s) for s in order]
     assert positions == sorted(positions), "prune, fresh build, GPU smoke gate, publish: in that order"
-    # Credentials reach only the publish step, as environment variables (never argv).
+    # Credentials and the signing key reach only the publish step, as environment variables (never argv).
     (pub_step,) = [s for s in _steps(job) if "make publish" in str(s.get("run", ""))]
-    assert set(pub_step["env"]) == {"PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD"}
+    assert set(pub_step["env"]) == {"PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD", "SIGN_KEY"}
     others = [s for s in _steps(job) if s is not pub_step] + [s for n, j in wf["jobs"].items() if n != "publish"
                                                               for s in _steps(j)]
     assert "secrets." not in json.dumps(others) and "secrets." not in json.dumps(job.get("env", {}))

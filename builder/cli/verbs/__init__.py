@@ -8,6 +8,7 @@ from builder.cli.verbs import (
                                diff,
                                doctor,
                                export,
+                               keygen,
                                launch,
                                lock,
                                matrix,
@@ -16,9 +17,11 @@ from builder.cli.verbs import (
                                repro,
                                sbom,
                                test,
+                               verify,
 )
 
 VERBS: tuple[Verb, ...] = (matrix.VERB, render.VERB, lock.VERB, build.VERB, base.VERB, test.VERB, sbom.VERB,
-                           export.VERB, repro.VERB, audit.VERB, diff.VERB, publish.VERB, launch.VERB, doctor.VERB)
+                           export.VERB, repro.VERB, audit.VERB, diff.VERB, publish.VERB, keygen.VERB, verify.VERB,
+                           launch.VERB, doctor.VERB)
 
 __all__ = ["VERBS", "Verb"]

@@ -9,6 +9,7 @@ import importlib.util
 import os
 from pathlib import Path
 
+from builder.attest import keys
 from builder.audit import python
 from builder.audit.report import SectionResult
 from builder.cli import args as types
@@ -26,6 +27,7 @@ from builder.publish.faults import RetryPolicy
 from builder.publish.gates import freshness_gates
 from builder.publish.publisher import PublishConfig, Publisher
 from builder.publish.report import Report, report_json, short_digest, write_report
+from builder.publish.signing import Signing
 from builder.publish.vulns import annotate, combine, python_gate, write_extras
 from builder.publish.zstdpush import ZstdPusher
 from builder.smoke import passes
@@ -63,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "push`, which every engine and cluster runtime pulls) or zstd (smaller, faster to unpack; "
                         "pulled by Docker >= 23, containerd >= 1.5, Podman/CRI-O, not by Docker 20.10: see "
                         "docs/supply-chain.md). A tag the registry already holds keeps its compression")
+    p.add_argument("--sign-key", metavar="PATH", type=types.text, default=os.environ.get("PTMG_SIGN_KEY_FILE") or None,
+                   help="sign every digest published with this ECDSA P-256 private key (a PEM PKCS#8 file, read "
+                        "from the file only; env PTMG_SIGN_KEY_FILE names the file): SLSA provenance, the SBOM and "
+                        "the gate results as in-toto attestations in the sha256-<hex>.att tag, and a .sig, as cosign "
+                        "stores them (docs/supply-chain.md)")
     p.add_argument("--attempts", type=types.count(1, 20), default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
                    help="tries per tag for transient registry faults, 1-20 (default 4, env PTMG_PUSH_ATTEMPTS; "
                         "exponential backoff with jitter)")
@@ -101,6 +108,7 @@ def _zstd_pusher(ctx: Context, client: RegistryClient, store: str) -> ZstdPusher
 def run(ctx: Context) -> int:
     a = ctx.args
     registry = parse_registry(a.registry)
+    sign_key = keys.load_private(Path(a.sign_key)) if a.sign_key else None  # a bad key: exit 2 before any push
     creds = load_credentials(registry, os.environ)
     tags.plan(ctx.matrix, dt.date.today(), "0" * tags.SHORT_SHA)  # ambiguous templates fail before anything
     log.info("publishing %d cell(s) to %s as %s", len(ctx.cells), registry,
@@ -133,9 +141,12 @@ def run(ctx: Context) -> int:
         if not a.json:
             _print_dry_run(report)
         return 0 if report.ok else 1
-    jpath, mpath = write_report(report, Path(a.report_dir), secrets)
     for extra in write_extras(ctx.engine(), Path(a.report_dir), ctx.cells, audited, report):
         log.info("beside the report: %s", extra)
+    if sign_key is not None:
+        Signing(sign_key, client, ctx.engine(), ctx.matrix, ctx.docker_dir.parent, audited=audited,
+                sbom_dir=Path(a.report_dir) / "sbom", allow_stale_os=a.allow_stale_os).run(report, ctx.cells)
+    jpath, mpath = write_report(report, Path(a.report_dir), secrets)
     if not a.json:
         _print_summary(report)
     log.info("report: %s, %s", jpath, mpath)
