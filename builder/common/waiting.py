@@ -1,9 +1,13 @@
-"""Polling: the one wait_until() helper for the builder, the tests and the benchmarks."""
+"""Waiting: the one wait_until() helper for the builder, the tests and the benchmarks, and announced(),
+which names a wait on stderr once it passes a second."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -40,3 +44,31 @@ def wait_until(predicate: Callable[[], T], timeout: float, interval: float = 0.2
             raise WaitTimeout(f"timed out after {timeout:g} s ({tries} tries) waiting for {name}; "
                               f"last result: {last}")
         time.sleep(max(0.0, min(interval, deadline - time.monotonic())))
+
+
+#: A wait longer than this is named on stderr (once), so a slow no-op says what it waits for.
+NOTICE_AFTER = 1.0
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def announced(what: str | Callable[[], str], after: float = NOTICE_AFTER,
+              say: Callable[[str], None] = _to_stderr) -> Iterator[None]:
+    """Run the body; if it is still running after ``after`` seconds, say once (one line, stderr) what it
+    waits for: ``what``, or what ``what()`` returns at that moment. A quick body says nothing."""
+    done = threading.Event()
+
+    def notice() -> None:
+        if not done.wait(after):
+            say(f"waiting for {what() if callable(what) else what}")
+
+    watcher = threading.Thread(target=notice, name="wait-notice", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
