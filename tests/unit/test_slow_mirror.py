@@ -4,6 +4,7 @@ asked together) is bounded as a whole, and a wait past a second is named on stde
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -107,3 +108,25 @@ def test_a_getter_that_raises_something_else_is_a_bug_and_keeps_its_type() -> No
 
     with pytest.raises(KeyError):
         os_snapshot.fetch("bookworm", "amd64", get=broken)
+
+
+def test_a_slow_noop_says_why() -> None:
+    assert waiting.slow_noop(1.9, 0.8, 9.0, 2) is None  # under the bound: nothing to say
+    assert waiting.slow_noop(5.6, 0.9, 5.7, 2) == (
+        "nothing to build, yet this took 5.6 s (0.9 s on a CPU, 4.7 s waiting): the host is busy (load average "
+        "5.7 on 2 cores): most of the wait was for a CPU")
+    assert waiting.slow_noop(12.0, 0.8, 0.3, 2) == (
+        "nothing to build, yet this took 12.0 s (0.8 s on a CPU, 11.2 s waiting): waiting on the network or the "
+        "engine (each wait past a second is named above)")
+
+
+def test_the_process_times_count_from_the_process_start() -> None:
+    import subprocess
+    import sys
+
+    code = ("import time; exec('while time.process_time() < 0.5: pass'); time.sleep(0.5)\n"
+            "from builder.common import waiting; w, c = waiting.process_times(); print(w, c)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    wall, cpu = map(float, out.stdout.split())
+    assert cpu >= 0.5 and wall >= cpu + 0.5, (wall, cpu)  # the busy loop and the sleep before the import count
