@@ -6,19 +6,26 @@
   expects a failure and meets a skip (``pytest.skip`` escapes ``pytest.raises(pytest.fail.Exception)``:
   both are ``OutcomeException``, neither a subclass of the other) fails instead of passing quietly,
   and the unit tier reports 0 unexpected skips.
-- **Docker tier** (tests/docker/conftest.py's terminal summary): :func:`skip_lines` lists every
-  skipped test with its reason, one line each, not grouped by reason as ``-rs`` does.
+- **Docker tier** (tests/docker/conftest.py takes :func:`docker_tier_report` and
+  :func:`docker_tier_collect_report`): the same rule, with one listed exception: a ``gpu``-marked
+  test skips where ``PTMG_GPU_TESTS=1`` is not set (a GPU runner sets it, and there those tests
+  must run). A docker test that skips because a tool or an image is missing fails the run. The
+  summary (:func:`docker_tier_summary`) lists every skip that remains with its reason, one line
+  each, not grouped by reason as ``-rs`` does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pytest
 
 MARKER = "allowed_skip"
-MARKER_HELP = f"{MARKER}(reason): this unit test may skip, for the reason given (any other skip fails the unit tier)"
+GPU_MARKER = "gpu"
+GPU_ENV = "PTMG_GPU_TESTS"
+MARKER_HELP = f"{MARKER}(reason): this test may skip, for the reason given (any other skip fails its tier)"
 
 
 def skip_reason(report: Any) -> str:
@@ -36,12 +43,17 @@ def _allowed(item: pytest.Item | None) -> bool:
     return mark is not None and bool(mark.kwargs.get("reason") or (mark.args and mark.args[0]))
 
 
-def _refuse(report: Any, what: str) -> None:
+def gpu_exempt(item: pytest.Item | None, environ: Mapping[str, str]) -> bool:
+    """The docker tier's listed exception: a ``gpu``-marked test off a GPU runner (``PTMG_GPU_TESTS`` not 1)."""
+    return item is not None and item.get_closest_marker(GPU_MARKER) is not None and environ.get(GPU_ENV) != "1"
+
+
+def _refuse(report: Any, what: str, tier: str) -> None:
     why = skip_reason(report)
     if hasattr(report, "wasxfail"):
         del report.wasxfail
     report.outcome = "failed"
-    report.longrepr = (f"{what} skipped in the unit tier ({why}): a unit test never passes by skipping. "
+    report.longrepr = (f"{what} skipped in the {tier} tier ({why}): a {tier} test never passes by skipping. "
                        f"Make it fail where it cannot check what it claims, or mark it "
                        f"@pytest.mark.{MARKER}(reason=...) if skipping is the behaviour under test.")
 
@@ -52,7 +64,7 @@ def unit_tier_report(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
     if report.skipped and not _allowed(item):
-        _refuse(report, item.nodeid)
+        _refuse(report, item.nodeid, "unit")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -61,7 +73,26 @@ def unit_tier_collect_report(collector: pytest.Collector) -> Any:
     outcome = yield
     report = outcome.get_result()
     if report.skipped:
-        _refuse(report, collector.nodeid)
+        _refuse(report, collector.nodeid, "unit")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def docker_tier_report(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """pytest_runtest_makereport: an unmarked skip or xfail becomes a failure, but for a ``gpu``
+    test off a GPU runner (:func:`gpu_exempt`)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and not _allowed(item) and not gpu_exempt(item, os.environ):
+        _refuse(report, item.nodeid, "docker")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def docker_tier_collect_report(collector: pytest.Collector) -> Any:
+    """pytest_make_collect_report: a docker module that skips itself fails."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped:
+        _refuse(report, collector.nodeid, "docker")
 
 
 def skip_lines(reports: Iterable[Any]) -> list[str]:

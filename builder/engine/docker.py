@@ -23,6 +23,7 @@ from typing import Any
 
 import requests
 
+from builder.engine import bridge
 from builder.engine.buildcache import BuildCache
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.capabilities import CONTAINERD, Store, image_store
@@ -322,16 +323,13 @@ class Engine(BuildCache):
     @_translated
     def bridge_gateway(self) -> str | None:
         """The host's IPv4 address on the engine's default bridge, which a build's RUNs (BuildKit's
-        default network) reach the host by; None when the engine has no such bridge."""
+        default network) reach the host by, derived as the engine does (:func:`bridge.gateway`: a fresh
+        engine names no Gateway, only the subnet); None when the engine has no such bridge."""
         try:
             net = self.client.networks.get("bridge")
         except docker.errors.NotFound:
             return None
-        for cfg in (net.attrs.get("IPAM") or {}).get("Config") or []:
-            gateway = str(cfg.get("Gateway") or "")
-            if gateway and ":" not in gateway:
-                return gateway
-        return None
+        return bridge.gateway(dict(net.attrs))
 
     @_translated
     def create_network(self, name: str) -> Network:

@@ -23,6 +23,7 @@ from pathlib import Path
 import ptmg_contract as contract
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
+from builder.common.waiting import announced
 from builder.engine import (
     BuildkitCli,
     BuildOutcome,
@@ -250,12 +251,15 @@ class _Builder:
         dockerfile, text = rendered.path, rendered.text
         files = context_files(self.cfg.root)
         lock = supply.lock_state(spec, self.cfg.lock_root or self.cfg.root)  # the lock agrees with images.yaml
-        existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
-        replaced = self.engine.image_id(spec.ref) if existing is not None else None
+        with announced(f"the Docker engine: the labels of {spec.ref} (docker image inspect)"):
+            existing = self.engine.image_labels(spec.ref) if self.engine.image_exists(spec.ref) else None
+            replaced = self.engine.image_id(spec.ref) if existing is not None else None
         snap = self.snapshots.for_base(spec.base, spec.os, spec.arch,
                                        (existing or {}).get(contract.LABEL_OS_SNAPSHOT), spec.ref)
         self._os[spec.name] = snap
-        digest = inputs_hash(text, files, self.base_id(spec), self.cfg.root, snap.key, lock.inputs)
+        with announced(f"the base image {spec.base_ref} (another cell's bootstrap, or the engine)"):
+            base = self.base_id(spec)
+        digest = inputs_hash(text, files, base, self.cfg.root, snap.key, lock.inputs)
         if not self.cfg.force and existing is not None and existing.get(contract.LABEL_INPUTS_HASH) == digest:
             if spec.latest:
                 self.engine.tag(spec.ref, f"{spec.repository}:latest")

@@ -13,7 +13,8 @@ declares (BuildKit keys that RUN's cache on it), and into the inputs hash, so `b
 skips an unchanged cell on an unchanged archive and rebuilds from the OS layer up after a new
 security release. It never reaches the rendered Dockerfiles (they would drift weekly).
 
-Offline (a mirror does not answer): the key recorded on the existing image is used, so an
+Offline (a mirror does not answer, or not within ``DEADLINE`` seconds for the whole lookup, its
+requests in parallel; a wait past a second is named on stderr): the key recorded on the existing image is used, so an
 unchanged matrix stays a no-op and a changed one still reuses the cached OS layer; it is logged.
 ``PTMG_OS_SNAPSHOT`` in the environment overrides the key (tests simulate a newer suite so).
 """
@@ -33,10 +34,12 @@ import requests
 import ptmg_contract as contract
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
+from builder.common.waiting import announced
 from builder.imaging.apt_sources import DEFAULT_MIRROR, DEFAULT_SECURITY_MIRROR, ENV_SECURITY_MIRROR, required_suites
 
 ENV_OVERRIDE = contract.OS_SNAPSHOT_ARG  # the same name in the host's environment
-TIMEOUT = (5.0, 20.0)  # connect, read (seconds)
+TIMEOUT = (5.0, 20.0)  # connect, read (seconds): one request's limits
+DEADLINE = 10.0  # seconds for a whole lookup (its InRelease files in parallel); past it, as offline
 #: What get() returns: the body of an InRelease file; raises SnapshotError when it cannot.
 Getter = Callable[[str], str]
 
@@ -147,11 +150,49 @@ def suite_urls(release: str, mirror: str, security_mirror: str) -> dict[str, str
 
 
 def fetch(release: str, arch: str, mirror: str = DEFAULT_MIRROR, security_mirror: str = DEFAULT_SECURITY_MIRROR,
-          get: Getter = http_get) -> Snapshot:
-    """The archive's state now, from the mirrors (SnapshotError when one does not answer)."""
-    suites = tuple(parse_release(get(url), suite, arch)
-                   for suite, url in suite_urls(release, mirror, security_mirror).items())
+          get: Getter = http_get, deadline: float = DEADLINE) -> Snapshot:
+    """The archive's state now, from the mirrors (SnapshotError when one does not answer in time)."""
+    urls = suite_urls(release, mirror, security_mirror)
+    bodies = get_all(urls, get, deadline)
+    suites = tuple(parse_release(bodies[suite], suite, arch) for suite in urls)
     return Snapshot(key_for(release, arch, suites), suites, "mirror")
+
+
+def get_all(urls: Mapping[str, str], get: Getter, deadline: float = DEADLINE) -> dict[str, str]:
+    """Each suite's InRelease body, the requests in parallel and all of them within ``deadline`` seconds
+    (one request's own limits are 5 s to connect and 20 s per read, which a trickle never hits); past a
+    second, one line on stderr names the URLs still awaited. The first suite's error (SnapshotError), or a
+    SnapshotError naming those that did not answer in time (their threads are left to end on their own)."""
+    got: dict[str, str | Exception] = {}
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def one(suite: str, url: str) -> None:
+        body: str | Exception
+        try:
+            body = get(url)
+        except Exception as exc:  # raised again below, in the caller's thread (anything but SnapshotError is a bug)
+            body = exc
+        with lock:
+            got[suite] = body
+            if len(got) == len(urls):
+                finished.set()
+
+    def pending() -> list[str]:
+        with lock:
+            return [url for suite, url in urls.items() if suite not in got]
+
+    for suite, url in urls.items():
+        threading.Thread(target=one, args=(suite, url), name=f"inrelease-{suite}", daemon=True).start()
+    with announced(lambda: f"the Debian archive's state (at most {deadline:g} s): GET {', '.join(pending())}"):
+        in_time = finished.wait(deadline) if urls else True
+    if not in_time:
+        raise SnapshotError(f"no answer within {deadline:g} s from {', '.join(pending())}")
+    for suite in urls:
+        body = got[suite]
+        if isinstance(body, Exception):
+            raise body
+    return {suite: str(got[suite]) for suite in urls}
 
 
 def override(environ: Mapping[str, str]) -> str | None:
@@ -169,12 +210,13 @@ class Snapshots:
     """One lookup per (release, arch, mirrors) per run, shared by the cells (thread-safe)."""
 
     def __init__(self, mirror: str = DEFAULT_MIRROR, security_mirror: str | None = None,
-                 environ: Mapping[str, str] | None = None, get: Getter = http_get) -> None:
+                 environ: Mapping[str, str] | None = None, get: Getter = http_get, deadline: float = DEADLINE) -> None:
         env = environ or {}
         self.mirror = mirror
         self.security_mirror = security_mirror or env.get(ENV_SECURITY_MIRROR) or DEFAULT_SECURITY_MIRROR
         self.forced = override(env)
         self.get = get
+        self.deadline = deadline
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, str], Snapshot | SnapshotError] = {}
 
@@ -183,7 +225,7 @@ class Snapshots:
             if (release, arch) not in self._seen:
                 snap: Snapshot | SnapshotError
                 try:
-                    snap = fetch(release, arch, self.mirror, self.security_mirror, self.get)
+                    snap = fetch(release, arch, self.mirror, self.security_mirror, self.get, self.deadline)
                     log.info("Debian %s/%s archive: %s", release, arch, snap.describe())
                 except SnapshotError as exc:
                     snap = exc

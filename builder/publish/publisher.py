@@ -305,19 +305,20 @@ class Publisher:
             cell.report.tags.append(res)
             self._log_result(res)
 
-    def _gates(self, cells: Sequence[_Cell]) -> None:
-        """The OS-freshness gates: skip cells the registry already holds (by recipe and packages); refuse a stale OS."""
+    def _gates(self, cells: Sequence[_Cell], dry: bool = False) -> None:
+        """Skip cells the registry already holds (by recipe and packages; a dry run asks no registry); refuse
+        a stale OS or known vulnerabilities (the gates that need no registry: a dry run runs them too)."""
         for c in cells:
             if c.tags is None:
                 continue
-            note = self.unchanged(c.spec, c.labels) if self.unchanged is not None else None
+            note = self.unchanged(c.spec, c.labels) if self.unchanged is not None and not dry else None
             if note:
                 log.info("%s: %s; nothing of it is published", c.spec.name, note)
                 c.report.unchanged_since, c.tags = note, None
                 continue
             why = self.os_gate(c.spec, c.image_id, c.labels) if self.os_gate is not None else None
             if why:
-                c.report.error, c.tags = f"{c.spec.ref}: refused: {why}", None
+                c.report.error, c.tags = f"{c.spec.ref}: {'would be ' * dry}refused: {why}", None
 
     def _log_result(self, res: TagResult) -> None:
         if res.status in OK_STATUSES:
@@ -342,6 +343,7 @@ class Publisher:
             log.warning("WARNING: --allow-untested: floating tags may move to images without a smoke-test pass%s",
                         f" ({', '.join(untested)})" if untested else "")
         if self.cfg.dry_run:
+            self._gates(cells, dry=True)
             for c in cells:
                 if c.tags is not None:
                     c.report.tags = [self._result(t, "immutable", PLANNED) for t in c.tags.immutable]

@@ -3,8 +3,9 @@ a Docker client, the image under test, and factories for containers and networks
 label everything they make and remove it again, even when a test fails.
 
 Modelled on jupyter/docker-stacks tests/utils/tracked_container.py. Only objects
-carrying this session's label are ever removed; nothing unlabelled is touched. The run's summary
-names every skipped test with its reason (tests/skipguard.py).
+carrying this session's label are ever removed; nothing unlabelled is touched. No test here
+passes by skipping (tests/skipguard.py): an unmarked skip fails, the `gpu` tests off a GPU runner
+excepted, and the run's summary names every skip with its reason.
 """
 
 from __future__ import annotations
@@ -107,7 +108,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
-#: The summary lists every skipped test with its reason, one line each (`-rs` groups them by reason).
+#: No docker test passes by skipping: an unmarked skip or xfail fails, but for the `gpu` tests off a
+#: GPU runner (PTMG_GPU_TESTS=1 unset). The summary lists every skip with its reason, one line each.
+pytest_runtest_makereport = skipguard.docker_tier_report
+pytest_make_collect_report = skipguard.docker_tier_collect_report
 pytest_terminal_summary = skipguard.docker_tier_summary
 
 

@@ -144,6 +144,7 @@ def test_single_node_ddp_over_nccl_on_every_gpu(engine: Engine, test_image: str)
 
 @pytest.mark.gpu
 @needs_gpu_runner
+@pytest.mark.allowed_skip(reason="a GPU runner with one GPU has none for the second node; the summary names the skip")
 def test_two_nodes_over_nccl(engine: Engine, test_image: str) -> None:
     ids, _ = gpus.host_gpus(os.environ)
     if len(ids) < 2:

@@ -18,12 +18,14 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 import ptmg_contract as contract
 from builder.common.paths import template_dir
 from builder.common.templates import environment
+from builder.engine import Engine
 from builder.lock import model, uvbin, wheelserver
 from builder.lock.model import Package
 from builder.lock.store import STORE_ENV, Store, default_store
@@ -141,12 +143,16 @@ def test_the_locked_install_works_and_refuses_a_planted_wheel(tiny: Path, build_
 
 @pytest.mark.parametrize("planted", [False, True], ids=["locked", "planted"])
 def test_from_the_wheel_server_the_install_works_and_refuses_a_planted_wheel(tiny: Path, build_tiny: object,
-                                                                            tmp_path: Path, planted: bool) -> None:
+                                                                            tmp_path: Path, planted: bool,
+                                                                            docker_client: Any) -> None:
     """The same RUN with the wheel-server secret and an empty wheel folder (what a buildx build gets):
     uv takes six from builder.lock.wheelserver on the engine's bridge address, where a build's RUNs
     reach the host without --network host, and still refuses a file that is not the locked one."""
-    gateway = _run([DOCKER, "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"]).stdout.strip()
+    # The address a build uses, derived as the engine does: a fresh engine's bridge names only its subnet
+    # ("Config": [{"Subnet": "172.17.0.0/16"}], no Gateway) while docker0 holds 172.17.0.1.
+    gateway = Engine(docker_client).bridge_gateway()
     assert gateway, "the engine has no default bridge"
+    assert wheelserver.bindable(gateway), f"the bridge address {gateway} is not one of this host's"
     ctx = _copy(tiny, tmp_path / "ctx")
     wheel = next((ctx / "wheelhouse" / "tools").glob("six-*.whl"))
     store = tmp_path / "store"

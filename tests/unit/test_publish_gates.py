@@ -256,7 +256,7 @@ def test_the_verbs_exit_status_and_output(tmp_path: Path, monkeypatch: pytest.Mo
                                           capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
                                           dry_run: bool, as_json: bool) -> None:
     """1 when the floating tags are held (an image without a smoke-test pass: a dry run contacts no
-    registry and runs no audit, but it knows that), 0 when all goes, with or without --dry-run; --json:
+    registry, but it knows that), 0 when all goes, with or without --dry-run; --json:
     stdout is the report and nothing else; otherwise a table (and a dry run's plan)."""
     flags = ("--dry-run",) * dry_run + ("--json",) * as_json
     for held, case in ((True, Case(tested=False, flags=flags)), (False, Case(flags=flags))):
@@ -275,3 +275,31 @@ def test_the_verbs_exit_status_and_output(tmp_path: Path, monkeypatch: pytest.Mo
             assert stdout.startswith("cell ") and "{" not in stdout, stdout
             if dry_run:
                 assert ("floating tags would be held" if held else "floating tags would move") in stdout, stdout
+
+
+@pytest.mark.parametrize(("wrong", "case", "says", "control"), REFUSALS, ids=[r[0] for r in REFUSALS])
+def test_a_dry_run_says_the_cell_a_real_run_refuses_would_be_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        wrong: str, case: Case, says: str, control: Case) -> None:
+    """`publish --dry-run` runs the gates that need no registry (the vulnerability gate on the lock or the
+    SBOM, OS freshness from the labels and the Debian audit) and says what a real run would do; it still
+    asks the registry nothing."""
+    sessions: list[FakeSession] = []
+    real_session = FakeSession
+
+    def recording(answer: Any) -> FakeSession:
+        sessions.append(real_session(answer))
+        return sessions[-1]
+
+    monkeypatch.setattr(f"{__name__}.FakeSession", recording)
+    capsys.readouterr()
+    refused = publish(tmp_path / "refused", monkeypatch, Case(**{**case.__dict__, "flags": (*case.flags, "--dry-run")}))
+    out = capsys.readouterr().out
+    assert refused.rc == 1 and refused.engine.pushes == [], f"a dry run would publish although: {wrong}"
+    assert f"smoke passed; pt-multi-gpu:{A}: would be refused: " in out and says in out, out
+    assert f"{A}  -    -     would be refused" in out, out  # the table's row: not "failed", not a planned tag
+    assert "floating tags would be held" in out and "floating tags would move" not in out, out
+    ok = publish(tmp_path / "control", monkeypatch, Case(**{**control.__dict__, "flags": (*control.flags, "--dry-run")}))
+    out = capsys.readouterr().out
+    assert ok.rc == 0 and "would be refused" not in out and "floating tags would move" in out, out
+    assert [call for s in sessions for call in s.calls] == [], "a dry run asks the registry nothing"

@@ -10,6 +10,7 @@ from pathlib import Path
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
+from builder.common import waiting
 from builder.common.log import BuildProgress, human_size, log, table
 from builder.imaging import base_image, buildenv
 from builder.imaging.orchestrate import BuildConfig, CellResult, build_all
@@ -56,6 +57,11 @@ def run(ctx: Context) -> int:
         if r.status == "failed":
             log.error("%s failed:\n%s", r.cell, r.message)
     summary(results, a.json)
+    if results and all(r.status == "skipped" for r in results):
+        wall, cpu = waiting.process_times()
+        slow = waiting.slow_noop(wall, cpu, os.getloadavg()[0], os.cpu_count() or 1)
+        if slow:
+            log.warning("%s", slow)
     return 1 if any(r.status in ("failed", "not-run") for r in results) else 0
 
 

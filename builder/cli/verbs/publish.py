@@ -78,7 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _print_summary(report: Report) -> None:
     rows = [[c.cell, t.tag, t.kind, t.status, f"{t.seconds:.1f}s", human_size(t.compressed_size),
              t.compression or "-", short_digest(t.digest)] for c in report.cells for t in c.tags]
-    rows += [[c.cell, "-", "-", c.unchanged_since or "failed", "-", "-", "-", "-"] for c in report.cells if not c.tags]
+    rows += [[c.cell, "-", "-", c.unchanged_since or ("would be refused" if "would be refused: " in c.error
+                                                      else "failed"), "-", "-", "-", "-"]
+             for c in report.cells if not c.tags]
     print(table(["cell", "tag", "kind", "status", "time", "size", "compression", "digest"], rows))
 
 
