@@ -3,7 +3,10 @@ with a fake engine and fake squashfs tools (the docker tier exports real images 
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -13,8 +16,12 @@ from typing import Any
 
 import pytest
 
+import ptmg_contract as contract
+from builder.cli.verbs import export as export_verb
 from builder.common.errors import InputError, StepFailed
 from builder.export import runtime_files, squash
+from builder.render.dockerfile import image_env
+from tests import support
 
 CFG: dict[str, Any] = runtime_files.config_of({"Config": {
     "Env": ["PATH=/opt/venv/bin:/usr/bin:/bin", "PTMG_CUDA_ARCH_LIST=sm_80 sm_90", 'ODD=a "b" $c'],
@@ -52,6 +59,21 @@ def test_every_runtime_file_is_there() -> None:
     assert files["etc/environment"][0] == files["ch/environment"][0] == "".join(f"{e}\n" for e in CFG["Env"])
     assert {"etc/rc", "etc/rc.local", "etc/fstab", ".singularity.d/runscript", ".singularity.d/labels.json",
             ".singularity.d/actions/exec"} <= set(files)
+
+
+def test_the_images_pip_and_uv_constraint_reach_enroot_and_charliecloud(tmp_path: Path) -> None:
+    """A cell's ENV, as the Dockerfile sets it, in the export's /etc/environment (enroot) and
+    /ch/environment (Charliecloud): without UV_CONSTRAINT there, `uv pip install` replaces torch."""
+    spec = support.cell(support.small_matrix(tmp_path), support.MID)
+    env = [f"{k}={v}" for k, v in image_env(spec)]
+    files = runtime_files.files(runtime_files.config_of({"Config": {"Env": env}}), "dockerd://x")
+    want = f"UV_CONSTRAINT={contract.PIP_CONSTRAINT_FILE}"
+    for name in ("etc/environment", "ch/environment"):
+        lines = files[name][0].splitlines()
+        assert want in lines and f"PIP_CONSTRAINT={contract.PIP_CONSTRAINT_FILE}" in lines, name
+        assert "PYTHONNOUSERSITE=1" in lines and lines == env, name
+    assert f'export UV_CONSTRAINT="${{UV_CONSTRAINT:-"{contract.PIP_CONSTRAINT_FILE}"}}"' in \
+        files[".singularity.d/env/10-docker2singularity.sh"][0].splitlines()
 
 
 @pytest.mark.parametrize(("name", "fmt", "want"), [
@@ -102,7 +124,8 @@ def test_export_writes_the_file_only_when_complete(tmp_path: Path, fake_tools: P
     (tmp_path / "out").mkdir()
     out = squash.check_output(tmp_path / "out" / "x.sqsh", "sqsh")
     done = squash.export(FakeEngine(), "img", "sqsh", out)  # type: ignore[arg-type]
-    assert out.read_text() == "A=1\nhello\n" and done.size == 10 and len(done.sha256) == 64
+    assert out.read_text() == "A=1\nhello\n" and done.size == 10
+    assert done.sha256 == hashlib.sha256(b"A=1\nhello\n").hexdigest() and (done.path, done.format) == (out, "sqsh")
     assert sorted(p.name for p in out.parent.iterdir()) == ["x.sqsh"]  # the work folder is gone
 
 
@@ -130,3 +153,27 @@ def test_missing_image_tool_or_disk_are_clear_errors(tmp_path: Path, fake_tools:
 def test_a_directory_is_named_as_such(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a directory; name the file"):
         squash.check_output(tmp_path, "sqsh")
+
+
+def test_the_verb_reports_the_files_own_size_and_sha256(tmp_path: Path, fake_tools: Path) -> None:
+    """build-logs/<cell>.export-<format>.json and the table: the digest of the file written, not any 64 hex."""
+    _tool(fake_tools, "mksquashfs", 'cat "$1/etc/environment" "$1/etc/hello" > "$2"')
+    out = tmp_path / "x.sqsh"
+
+    class Ctx:
+        args = argparse.Namespace(target="img:tag", fmt="sqsh", output=str(out))
+        root = tmp_path
+
+        def one_image(self, verb: str, target: str | None) -> tuple[str, str]:
+            return "img:tag", "img-tag"
+
+        def engine(self) -> FakeEngine:
+            return FakeEngine()
+
+    assert export_verb.run(Ctx()) == 0  # type: ignore[arg-type]
+    report = json.loads((tmp_path / "build-logs" / "img-tag.export-sqsh.json").read_text())
+    data = out.read_bytes()
+    assert data == b"A=1\nhello\n"
+    assert {k: v for k, v in report.items() if k != "seconds"} == {
+        "image": "img:tag", "format": "sqsh", "path": str(out), "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest()}
