@@ -16,9 +16,12 @@ from builder.engine.capabilities import CLASSIC, CONTAINERD, UNKNOWN
 from builder.engine.model import BuildRequest
 
 # `docker info` as each engine answers it (trimmed to the fields asked).
-INFO_2010 = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
-INFO_28_CLASSIC = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["userxattr", "false"]]}
-INFO_28_CONTAINERD = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+INFO_2010 = {"ServerVersion": "20.10.24+dfsg1", "Driver": "overlay2",
+             "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
+INFO_28_CLASSIC = {"ServerVersion": "28.5.2", "Driver": "overlay2",
+                   "DriverStatus": [["Backing Filesystem", "extfs"], ["userxattr", "false"]]}
+INFO_28_CONTAINERD = {"ServerVersion": "28.5.2", "Driver": "overlayfs",
+                      "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
 
 
 @pytest.mark.parametrize(("info", "kind"), [
@@ -29,6 +32,16 @@ INFO_28_CONTAINERD = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "i
 ])
 def test_image_store_is_read_from_driver_status(info: dict[str, object], kind: str) -> None:
     assert capabilities.image_store(info).kind == kind
+
+
+@pytest.mark.parametrize("version", ["20.10.24+dfsg1", "23.0.0", "27.5.1", "28.5.2", "29.0.0", "29.1.3", "", "dev"])
+def test_the_image_store_never_follows_the_engines_version(version: str) -> None:
+    """Docker 29 defaults to the containerd store on new installs, but an upgraded 29 keeps the
+    classic one and a 28 can be switched: only DriverStatus says which store is in use."""
+    for info, kind in ((INFO_28_CLASSIC, CLASSIC), (INFO_28_CONTAINERD, CONTAINERD), (INFO_2010, CLASSIC),
+                       ({"ServerVersion": version, "Driver": "stargz"}, UNKNOWN)):
+        store = capabilities.image_store({**info, "ServerVersion": version})
+        assert (store.kind, store.driver) == (kind, info["Driver"]), (version, info)
 
 
 def test_unknown_store_line_says_what_and_the_fix() -> None:
