@@ -222,7 +222,8 @@ def _as_other_uid(cmd: list[str]) -> list[str]:
 
 
 def _login_path(env: dict[str, str]) -> str:
-    cmd = ["sh", "-c", f". {PROFILE}; printf %s \"$PATH\""]
+    # the text, not the path: another uid may not reach this tree (a 0700 scratch copy)
+    cmd = ["sh", "-c", PROFILE.read_text() + '\nprintf %s "$PATH"']
     return subprocess.run(_as_other_uid(cmd), env=env, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
