@@ -61,6 +61,25 @@ def test_every_runtime_file_is_there() -> None:
             ".singularity.d/actions/exec"} <= set(files)
 
 
+def test_the_config_is_read_whole_and_absent_fields_are_empty() -> None:
+    assert CFG == {"Env": ["PATH=/opt/venv/bin:/usr/bin:/bin", "PTMG_CUDA_ARCH_LIST=sm_80 sm_90", 'ODD=a "b" $c'],
+                   "Entrypoint": ["/bin/echo", "EP"], "Cmd": ["CMD ARG"], "WorkingDir": "/workspace",
+                   "Labels": {"io.pt-multi-gpu.cell": "c1", "multi": "two\nlines"}, "Volumes": []}
+    assert runtime_files.config_of({"Config": {"Volumes": {"/b": {}, "/a": {}}}}) == {
+        "Env": [], "Entrypoint": [], "Cmd": [], "WorkingDir": "/", "Labels": {}, "Volumes": ["/a", "/b"]}
+    assert runtime_files.config_of({"Config": None})["WorkingDir"] == "/"
+
+
+def test_each_runtime_file_has_its_mode() -> None:
+    """Scripts the runtimes run are executable; the rest is read (enroot and apptainer write the same)."""
+    modes = {name: mode for name, (_text, mode) in runtime_files.files(CFG, "dockerd://x").items()}
+    script = {".singularity.d/env/10-docker2singularity.sh", ".singularity.d/runscript",
+              *(f".singularity.d/actions/{a}" for a in ("exec", "run", "shell"))}
+    assert modes == {name: 0o755 if name in script else 0o644 for name in [
+        "etc/environment", "etc/rc", "etc/rc.local", "etc/fstab", "ch/environment", ".singularity.d/labels.json",
+        *script]}
+
+
 def test_the_images_pip_and_uv_constraint_reach_enroot_and_charliecloud(tmp_path: Path) -> None:
     """A cell's ENV, as the Dockerfile sets it, in the export's /etc/environment (enroot) and
     /ch/environment (Charliecloud): without UV_CONSTRAINT there, `uv pip install` replaces torch."""
@@ -177,3 +196,107 @@ def test_the_verb_reports_the_files_own_size_and_sha256(tmp_path: Path, fake_too
     assert {k: v for k, v in report.items() if k != "seconds"} == {
         "image": "img:tag", "format": "sqsh", "path": str(out), "size": len(data),
         "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _free(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: type("U", (), {"free": free})())
+
+
+def test_the_space_check_asks_the_factor_times_the_image_and_says_the_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 1800)
+    squash.check_space(tmp_path, 1000, "sqsh")  # exactly enough
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sif")  # a SIF needs 2.5x
+    _free(monkeypatch, 1799)
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sqsh")
+    # figures that sit on a rounding edge: a GB of 10^9 bytes, exactly
+    _free(monkeypatch, 1_150_000_001)
+    with pytest.raises(StepFailed) as refused:
+        squash.check_space(tmp_path, 1_194_444_445, "sqsh")
+    assert str(refused.value) == (f"export: not enough disk in {tmp_path}: 1.2 GB free, about 2.2 GB needed for a "
+                                  "1.2 GB image (unpacked root plus the sqsh file); free some space or use -o on "
+                                  "another filesystem")
+    _free(monkeypatch, 0)
+    for size, shown in ((1_150_000_001, "1.2"), (1_149_999_999, "1.1")):
+        with pytest.raises(StepFailed, match=f"needed for a {shown} GB image"):
+            squash.check_space(tmp_path, size, "sqsh")
+
+
+def test_a_tool_that_fails_or_hangs_is_named_with_its_last_five_lines(tmp_path: Path) -> None:
+    with pytest.raises(StepFailed) as failed:
+        squash._run(["sh", "-c", "for i in 1 2 3 4 5 6 7; do echo line$i >&2; done; exit 3"], "mksquashfs")
+    assert str(failed.value) == "export: mksquashfs failed (exit 3): line3 / line4 / line5 / line6 / line7"
+    with pytest.raises(StepFailed, match=r"^export: siftool add took over 0 s$"):
+        squash._run(["sleep", "10"], "siftool add", timeout=0.3)
+
+
+class NotATar(FakeEngine):
+    def export_filesystem(self, ref: str, write: Any) -> None:
+        for _ in range(64):  # tar stops at the first block: the rest meets a closed pipe
+            write(b"\x07" * 65536)
+
+
+def test_a_stream_tar_refuses_fails_with_tars_own_words(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "mksquashfs", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: unpacking img failed \(tar exit 2\): .*tar archive"):
+        squash.export(NotATar(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # the work folder is gone
+
+
+def test_the_file_is_world_readable_and_its_time_is_measured(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"; chmod 600 "$2"')
+    out = tmp_path / "x.sqsh"
+    done = squash.export(FakeEngine(), "img", "sqsh", out)  # type: ignore[arg-type]
+    assert (out.stat().st_mode & 0o777) == 0o644
+    assert 0 <= done.seconds < 60
+
+
+@pytest.mark.parametrize(("entrypoint", "cmd", "exec_lines"), [
+    ([], [], ('    exec "$@"', "    exec /bin/sh")),  # neither: a shell, as enroot does
+    (["/ep", "a b"], [], ("    exec /ep 'a b' \"$@\"", "    exec /ep 'a b'")),
+    ([], ["/cmd", "x"], ('    exec "$@"', "    exec /cmd x")),
+    (["/ep"], ["/cmd"], ('    exec /ep "$@"', "    exec /ep /cmd")),
+])
+def test_enroot_rc_execs_the_entrypoint_the_command_or_a_shell(entrypoint: list[str], cmd: list[str],
+                                                                 exec_lines: tuple[str, str]) -> None:
+    rc = runtime_files.enroot_rc({**CFG, "Entrypoint": entrypoint, "Cmd": cmd, "Labels": {}}, "u")
+    assert [line for line in rc.splitlines() if line.startswith("    exec ")] == list(exec_lines)
+
+
+def test_labels_json_is_sorted_with_one_space_indent() -> None:
+    text = runtime_files.files({**CFG, "Labels": {"b": "2", "a": "1"}}, "u")[".singularity.d/labels.json"][0]
+    assert text == '{\n "a": "1",\n "b": "2"\n}\n'
+
+
+def test_tars_error_is_quoted_to_its_last_400_characters(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "tar", "cat > /dev/null; printf 'HEAD%0500dTAIL' 0 >&2; exit 2")
+    with pytest.raises(StepFailed) as failed:
+        squash.export(FakeEngine(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert str(failed.value) == "export: unpacking img failed (tar exit 2): " + "0" * 396 + "TAIL"
+
+
+def test_an_image_without_a_size_needs_no_space_ahead(tmp_path: Path, fake_tools: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoSize(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            return {"Architecture": "amd64", "Config": {"Env": ["A=1"]}}
+
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"')
+    _free(monkeypatch, 0)
+    assert squash.export(NoSize(), "img", "sqsh", tmp_path / "x.sqsh").size == 2  # type: ignore[arg-type]
+
+
+@pytest.mark.allowed_skip(reason="needs root: a read-only mount")
+def test_an_output_folder_that_is_not_writable_is_an_input_error(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "ptmg-unit-ro", str(ro)],
+                                           capture_output=True, timeout=30, check=False).returncode:
+        pytest.skip("needs root: a read-only mount")
+    try:
+        with pytest.raises(InputError, match=f"^export: {ro} is not writable$"):
+            squash.check_output(ro / "x.sqsh", "sqsh")
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True, timeout=30, check=True)

@@ -11,7 +11,7 @@ import stat
 import subprocess
 import tempfile
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
@@ -134,22 +134,42 @@ def test_the_pth_file_calls_the_module() -> None:
     assert line == "import ptmg_userenv; ptmg_userenv.main()"
 
 
-# --- a real noexec filesystem ---------------------------------------------------------------
+# --- real noexec and read-only filesystems -------------------------------------------------------
 @pytest.fixture
-def noexec(tmp_path: Path) -> Iterator[Path]:
-    """A tmpfs mounted noexec (Docker's --tmpfs and /dev/shm default), unmounted after the test."""
-    where = tmp_path / "noexec"
-    where.mkdir()
+def mount(tmp_path: Path) -> Iterator[Callable[..., Path]]:
+    """mount(name, options, make=()) -> a tmpfs at tmp_path/name with those options (noexec: Docker's
+    --tmpfs and /dev/shm default; ro: a read-only root), holding the folders in `make`; all
+    unmounted after the test."""
+    mounted: list[Path] = []
     if os.geteuid() != 0:
         pytest.skip(ROOT_ONLY)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=4m,mode=1777", "ptmg-unit-noexec", str(where)],
-                       capture_output=True, text=True, timeout=30, check=False)
-    if r.returncode:
-        pytest.skip(f"{ROOT_ONLY}: mount: {r.stderr.strip()}")
+
+    def make_mount(name: str, options: str, make: tuple[str, ...] = ()) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        opts = [o for o in options.split(",") if o != "ro"]
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([*opts, "size=4m", "mode=1777"]),
+                            "ptmg-unit-tmpfs", str(where)], capture_output=True, text=True, timeout=30, check=False)
+        if r.returncode:
+            pytest.skip(f"{ROOT_ONLY}: mount: {r.stderr.strip()}")
+        mounted.append(where)
+        for rel in make:
+            (where / rel).mkdir(mode=0o700, parents=True)
+            (where / rel).chmod(0o700)
+        if "ro" in options.split(","):
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], capture_output=True, timeout=30, check=True)
+        return where
+
     try:
-        yield where
+        yield make_mount
     finally:
-        subprocess.run(["umount", str(where)], capture_output=True, timeout=30, check=True)
+        for where in reversed(mounted):
+            subprocess.run(["umount", str(where)], capture_output=True, timeout=30, check=True)
+
+
+@pytest.fixture
+def noexec(mount: Callable[..., Path]) -> Path:
+    return mount("noexec", "noexec")
 
 
 @pytest.mark.allowed_skip(reason=ROOT_ONLY)
@@ -207,6 +227,94 @@ def test_main_never_stops_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> No
 
     monkeypatch.setattr(ptmg_userenv, "fix", boom)
     ptmg_userenv.main()  # no exception
+
+
+# --- every rule of the private folder, one at a time --------------------------------------------
+@pytest.mark.parametrize("mode", [0o701, 0o702, 0o704, 0o710, 0o720, 0o740, 0o755])
+def test_a_private_folder_any_other_uid_can_reach_is_refused(tmp_path: Path, mode: int) -> None:
+    (tmp_path / f"ptmg-{os.getuid()}").mkdir()
+    os.chmod(tmp_path / f"ptmg-{os.getuid()}", mode)
+    assert ptmg_userenv.private_dir(str(tmp_path), os.getuid()) is None
+
+
+def test_a_parent_that_cannot_hold_the_folder_or_a_folder_that_vanishes_is_no_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert ptmg_userenv.private_dir(str(tmp_path / "missing"), os.getuid()) is None
+    (tmp_path / "file").write_text("x")
+    assert ptmg_userenv.private_dir(str(tmp_path / "file"), os.getuid()) is None
+
+    def vanished(path: str) -> os.stat_result:
+        raise FileNotFoundError(path)
+
+    monkeypatch.setattr(ptmg_userenv.os, "lstat", vanished)  # removed between the mkdir and the look
+    assert ptmg_userenv.private_dir(str(tmp_path), os.getuid()) is None
+
+
+def test_the_same_home_on_every_start(tmp_path: Path) -> None:
+    """Every Python start runs fix(): the second finds the folder made by the first and keeps it."""
+    first = {"TMPDIR": str(tmp_path), "USER": "u"}
+    second = dict(first)
+    home = tmp_path / f"ptmg-{os.getuid()}" / "home"
+    assert ptmg_userenv.fix(first, os.getuid()) == ptmg_userenv.fix(second, os.getuid()) == {"HOME": str(home)}
+    assert stat.S_IMODE(home.stat().st_mode) == 0o700
+
+
+def test_a_home_that_cannot_be_made_goes_to_the_next_folder(tmp_path: Path,
+                                                            temp_candidates: tuple[Path, Path, Path]) -> None:
+    """ptmg-<uid> is ours, but `home` in it is a file: the next candidate folder is used."""
+    base = tmp_path / f"ptmg-{os.getuid()}"
+    base.mkdir(mode=0o700)
+    base.chmod(0o700)
+    (base / "home").write_text("not a folder")
+    env = {"TMPDIR": str(tmp_path), "USER": "u"}
+    assert ptmg_userenv.fix(env, os.getuid()) == {"HOME": f"{temp_candidates[0]}/ptmg-{os.getuid()}/home"}
+
+
+def test_tmpdir_is_set_only_when_neither_tmp_nor_var_tmp_is_writable(
+        temp_candidates: tuple[Path, Path, Path]) -> None:
+    sys_tmp, var_tmp, _shm = temp_candidates
+    sys_tmp.rmdir()  # /tmp gone, /var/tmp still there: TMPDIR stays unset
+    env = {"USER": "u"}
+    assert ptmg_userenv.fix(env, os.getuid()) == {"HOME": f"{var_tmp}/ptmg-{os.getuid()}/home"}
+    assert "TMPDIR" not in env
+
+
+def test_an_unusable_tmpdir_is_neither_home_nor_inductors_temporary_folder(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"HOME": str(home), "USER": "u", "TMPDIR": str(tmp_path / "missing")}
+    assert ptmg_userenv.fix(env, os.getuid()) == {}  # /tmp (here: a folder that allows exec) is the one used
+
+
+@pytest.mark.allowed_skip(reason=ROOT_ONLY)
+def test_a_read_only_home_or_temporary_folder_is_never_used(tmp_path: Path, mount: Callable[..., Path],
+                                                            temp_candidates: tuple[Path, Path, Path]) -> None:
+    """A read-only root (Apptainer's default): HOME there is replaced, and a private folder left
+    there earlier is not reused."""
+    uid = os.getuid()
+    ro = mount("ro", "ro", make=("home", f"ptmg-{uid}/home"))
+    assert not ptmg_userenv.writable_dir(str(ro / "home")) and (ro / "home").is_dir()
+    env = {"HOME": str(ro / "home"), "USER": "u"}
+    assert ptmg_userenv.fix(env, uid) == {"HOME": f"{temp_candidates[0]}/ptmg-{uid}/home"}
+    env = {"TMPDIR": str(ro), "USER": "u"}
+    assert ptmg_userenv.fix(env, uid) == {"HOME": f"{temp_candidates[0]}/ptmg-{uid}/home"}
+
+
+@pytest.mark.allowed_skip(reason=ROOT_ONLY)
+def test_inductors_temporary_folder_is_tmpdir_or_tmp_or_var_tmp_never_dev_shm(
+        tmp_path: Path, mount: Callable[..., Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    shm = mount("shm", "noexec")
+    var_tmp = mount("var-tmp", "noexec")
+    missing = str(tmp_path / "no-tmp")
+    # /tmp and /var/tmp absent, /dev/shm noexec: Inductor's folder is not /dev/shm, nothing moves
+    monkeypatch.setattr(ptmg_userenv, "_TEMP_CANDIDATES", (missing, str(tmp_path / "no-var-tmp"), str(shm)))
+    assert ptmg_userenv.fix({"HOME": str(home), "USER": "u"}, os.getuid()) == {}
+    # /tmp absent, /var/tmp noexec: that is the folder, and the cache moves under HOME
+    monkeypatch.setattr(ptmg_userenv, "_TEMP_CANDIDATES", (missing, str(var_tmp), str(tmp_path)))
+    assert ptmg_userenv.fix({"HOME": str(home), "USER": "u"}, os.getuid()) == {
+        "TORCHINDUCTOR_CACHE_DIR": f"{home}/.cache/torchinductor"}
 
 
 # --- the login profile ----------------------------------------------------------------------
