@@ -218,6 +218,9 @@ def test_the_space_check_asks_the_factor_times_the_image_and_says_the_figures(
     assert str(refused.value) == (f"export: not enough disk in {tmp_path}: 1.2 GB free, about 2.2 GB needed for a "
                                   "1.2 GB image (unpacked root plus the sqsh file); free some space or use -o on "
                                   "another filesystem")
+    _free(monkeypatch, 1_149_999_999)
+    with pytest.raises(StepFailed, match=r": 1\.1 GB free, about 2\.1 GB needed for a 1\.2 GB image "):
+        squash.check_space(tmp_path, 1_194_444_444, "sqsh")
     _free(monkeypatch, 0)
     for size, shown in ((1_150_000_001, "1.2"), (1_149_999_999, "1.1")):
         with pytest.raises(StepFailed, match=f"needed for a {shown} GB image"):
@@ -300,3 +303,56 @@ def test_an_output_folder_that_is_not_writable_is_an_input_error(tmp_path: Path)
             squash.check_output(ro / "x.sqsh", "sqsh")
     finally:
         subprocess.run(["umount", str(ro)], capture_output=True, timeout=30, check=True)
+
+
+def test_the_root_is_0755_and_docker_s_own_files_are_dropped(tmp_path: Path, fake_tools: Path) -> None:
+    """enroot drops /.dockerenv and what is under /dev; the image's / is world-readable."""
+    class WithDockerenv(FakeEngine):
+        def export_filesystem(self, ref: str, write: Any) -> None:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for name in (".dockerenv", "dev/shm/", "etc/keep"):
+                    info = tarfile.TarInfo(name.rstrip("/"))
+                    info.type = tarfile.DIRTYPE if name.endswith("/") else tarfile.REGTYPE
+                    tar.addfile(info, io.BytesIO(b""))
+            write(buf.getvalue())
+
+    _tool(fake_tools, "mksquashfs", 'stat -c %a "$1" > "$2"; cd "$1" && find . -path ./.singularity.d -prune -o '
+                                    '-print | sort >> "$2"')
+    out = tmp_path / "x.sqsh"
+    squash.export(WithDockerenv(), "img", "sqsh", out)  # type: ignore[arg-type]
+    mode, *paths = out.read_text().splitlines()
+    assert mode == "755"
+    assert paths == [".", "./ch", "./ch/environment", "./dev", "./etc", "./etc/environment",
+                     "./etc/fstab", "./etc/keep", "./etc/rc", "./etc/rc.local"]
+
+
+@pytest.mark.parametrize(("size", "shown"), [(1_005_000_001, "1.01 GB"), (1_004_999_999, "1.00 GB")])
+def test_the_verb_writes_to_exports_by_default_and_prints_what_it_reports(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], size: int,
+        shown: str) -> None:
+    """No -o: exports/<name>.<format> under the project, run after run; the table and the JSON say the same."""
+    def export(engine: Any, ref: str, fmt: str, out: Path) -> squash.Exported:
+        out.write_text("x")
+        return squash.Exported(out, fmt, size, "f" * 64, 12.345)
+
+    monkeypatch.setattr(export_verb.squash, "export", export)
+
+    class Ctx:
+        args = argparse.Namespace(target=None, fmt="sif", output=None)
+        root = tmp_path
+
+        def one_image(self, verb: str, target: str | None) -> tuple[str, str]:
+            return "img:tag", "img-tag"
+
+        def engine(self) -> None:
+            return None
+
+    for _ in range(2):  # the second run finds exports/ and build-logs/ there
+        assert export_verb.run(Ctx()) == 0  # type: ignore[arg-type]
+    out = tmp_path / "exports" / "img-tag.sif"
+    text = (tmp_path / "build-logs" / "img-tag.export-sif.json").read_text()
+    assert text == json.dumps({"image": "img:tag", "format": "sif", "path": str(out), "size": size,
+                               "sha256": "f" * 64, "seconds": 12.3}, indent=1) + "\n"
+    table = capsys.readouterr().out.splitlines()
+    assert table[-1].split() == ["img:tag", "sif", str(out), *shown.split(), "f" * 64, "12", "s"]
