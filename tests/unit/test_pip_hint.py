@@ -94,3 +94,47 @@ def test_the_output_kept_for_the_search_is_its_last_256_kib() -> None:
     os.close(sink_r)
     assert bytes(seen) == data  # everything passed on, in order
     assert bytes(keep) == data[-pip_hint.KEEP:]
+
+
+class _Pip:
+    """pip as main() starts it: its output on two pipes, then its exit code (a Ctrl-C first, if asked)."""
+
+    def __init__(self, code: int, interrupted: bool) -> None:
+        self.code, self.interrupted = code, interrupted
+        self.argv: list[str] = []
+
+    def __call__(self, argv: list[str], **kwargs: object) -> _Pip:
+        self.argv = argv
+        pipes = []
+        for text in (b"Collecting torch==2.5.0\n", b"ERROR: ResolutionImpossible: torch==2.5.0 (constraint)\n"):
+            r, w = os.pipe()
+            os.write(w, text)
+            os.close(w)
+            pipes.append(os.fdopen(r, "rb"))
+        self.stdout, self.stderr = pipes
+        return self
+
+    def wait(self) -> int:
+        if self.interrupted:
+            self.interrupted = False
+            raise KeyboardInterrupt  # the terminal's Ctrl-C reaches pip too: wait for its own exit
+        return self.code
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_main_passes_pips_output_and_code_and_hints_only_on_failure(
+        constraint: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str], interrupted: bool) -> None:
+    monkeypatch.setenv("PIP_CONSTRAINT", constraint)
+    for code in (1, 0):
+        pip = _Pip(code, interrupted)
+        monkeypatch.setattr(pip_hint.subprocess, "Popen", pip)
+        try:
+            assert pip_hint.main(["install", "torch==2.5.0"]) == code
+        except KeyboardInterrupt:
+            pytest.fail("a Ctrl-C while pip runs escaped the wrapper", pytrace=False)
+        assert pip.argv[1:] == ["-m", "pip", "install", "torch==2.5.0"]
+        out, err = capfd.readouterr()
+        assert out == "Collecting torch==2.5.0\n"
+        assert err.startswith("ERROR: ResolutionImpossible: torch==2.5.0 (constraint)\n")
+        hinted = "pt-multi-gpu: this image pins torch==2.7.0" in err
+        assert hinted == (code != 0), (code, err)
