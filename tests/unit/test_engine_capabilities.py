@@ -77,6 +77,37 @@ def test_a_feature_the_builder_lacks_gets_one_line_with_the_fix() -> None:
     assert capabilities.parse_inspect("Name: default\nBuildKit version: v0.0.0+unknown\n") == "v0.0.0+unknown"
 
 
+@pytest.mark.parametrize(("status", "kind"), [
+    ([["driver-type", "io.containerd.snapshotter.v1", "extra"]], CLASSIC),  # not a pair: not read
+    (["driver-type", "io.containerd.snapshotter.v1"], CLASSIC),  # strings, not pairs
+    ([["driver-type", "overlayfs"]], CLASSIC),  # another driver type
+    ([["Backing Filesystem", "io.containerd.snapshotter.v1"]], CLASSIC),  # the value under another key
+    ([["Backing Filesystem", "extfs"], ("driver-type", "io.containerd.snapshotter.v1")], CONTAINERD),
+])
+def test_only_a_driver_type_pair_naming_the_snapshotter_is_the_containerd_store(status: list[object], kind: str) -> None:
+    assert capabilities.image_store({"Driver": "overlay2", "DriverStatus": status}).kind == kind
+
+
+def test_features_need_their_buildkit_version_or_newer() -> None:
+    names = [name for name, _ in capabilities.FEATURES]
+    assert capabilities.features(None) == [(n, False) for n in names]
+    assert capabilities.features(Version.parse("0.10")) == list(zip(names, [True, False, True], strict=True))
+    assert capabilities.features(Version.parse("0.9.9")) == list(zip(names, [True, False, False], strict=True))
+    assert capabilities.features(Version.parse("0.13")) == [(n, True) for n in names]
+
+
+def test_what_a_missing_feature_line_says_the_builder_has() -> None:
+    feature = "zstd layers"
+    line = capabilities.need_feature(feature, Version.parse("0.8"), "at least, from the engine's API 1.41")
+    assert line is not None and line.startswith(
+        "zstd layers needs BuildKit >= 0.10, and this engine's builder has BuildKit 0.8 (at least, from the "
+        "engine's API 1.41). Fix: ")
+    unknown = capabilities.need_feature(feature, None, "unknown")
+    assert unknown is not None and "and this engine's builder has a BuildKit of unknown version. Fix: " in unknown
+    assert capabilities.buildkit_version(None, "abc") == (None, "unknown (API version 'abc')")
+    assert capabilities.buildkit_version("v0.0.0+unknown", None) == (None, "unknown")
+
+
 def _fake_cli(path: Path, version: str, buildx: bool) -> str:
     path.write_text("#!/bin/sh\n"
                     f'if [ "$1" = buildx ]; then {"echo github.com/docker/buildx 0.29.1 x; exit 0" if buildx else "exit 1"}; fi\n'

@@ -222,13 +222,17 @@ def repro_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     matrix = support.small_matrix(tmp_path / "m")
     engine = SimpleNamespace(store=lambda: Store(CONTAINERD, "overlayfs"), version=lambda: {"ApiVersion": "1.51"})
     monkeypatch.setattr(verb, "find_buildkit_cli", lambda: None)
-    monkeypatch.setattr(repro, "cannot", lambda cli, store, api: None)
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(repro, "cannot", lambda cli, store, api: seen.update(cannot=(store.kind, api)))
     monkeypatch.setattr(verb.buildenv, "detect", lambda environ, extra: None)
+    logs = tmp_path / "logs" / "nested"  # made with its parents
 
-    def run(verdict: repro.Verdict, against: str | None, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, list[str], Any]:
-        monkeypatch.setattr(repro, "reproduce", lambda *a, **k: verdict)
-        args = argparse.Namespace(cell=support.MID, against=against, log_dir=str(tmp_path / "logs"))
-        ctx = SimpleNamespace(args=args, matrix=matrix, cells=matrix.cells, source="images.yaml",
+    def run(verdict: repro.Verdict, against: str | None, capsys: pytest.CaptureFixture[str], cell: str | None = support.MID,
+            selected: tuple[str, ...] = ()) -> tuple[int, str, list[str], Any]:
+        monkeypatch.setattr(repro, "reproduce", lambda engine, spec, *a, **k: seen.update(spec=spec.name) or verdict)
+        args = argparse.Namespace(cell=cell, against=against, log_dir=str(logs))
+        chosen = tuple(c for c in matrix.cells if c.name in selected) if selected else matrix.cells
+        ctx = SimpleNamespace(args=args, matrix=matrix, cells=chosen, source="images.yaml",
                               docker_dir=tmp_path / "docker", root=tmp_path, engine=lambda: engine)
         errors: list[str] = []
 
@@ -243,9 +247,13 @@ def repro_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
             code = verb.run(ctx)  # type: ignore[arg-type]
         finally:
             log.removeHandler(keep)
-        report = json.loads((tmp_path / "logs" / f"{support.MID}.repro.json").read_text())
+        text = (logs / f"{seen['spec']}.repro.json").read_text()
+        report = json.loads(text)
+        assert text == json.dumps(report, indent=1) + "\n"
+        assert seen["cannot"] == ("containerd", "1.51")  # the engine's store and API version are asked
         return code, capsys.readouterr().out, errors, report
 
+    run.seen = seen  # type: ignore[attr-defined]
     return run
 
 
@@ -277,3 +285,21 @@ def test_the_verb_against_another_digest_exits_1(repro_verb: Any, capsys: pytest
     assert errors == ["2.7.0-cuda12.6-cudnn9-runtime: the builds differ:\nthe manifest differs"]
     rows = [line.split() for line in out.splitlines()]
     assert ["build", "1", A, "sha256:c", "60", "s"] in rows and ["--against", B] in rows
+
+
+def test_the_verb_takes_the_named_cell_or_the_one_selected_and_runs_again(
+        repro_verb: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from builder.common.errors import InputError
+    from tests import support
+
+    verdict = repro.Verdict((repro.Build(A, "sha256:c", 61.26), repro.Build(A, "sha256:c", 0.04)), None, 1, "s", ())
+    for _ in range(2):  # the second run finds build-logs/ and .build/ there
+        code, _out, _errors, report = repro_verb(verdict, None, capsys, cell=None, selected=(support.LATEST,))
+        assert code == 0 and report["cell"] == support.LATEST == repro_verb.seen["spec"]
+        assert [b["seconds"] for b in report["builds"]] == [61.3, 0.0]
+    with pytest.raises(InputError, match=r"^repro: name one cell, or select exactly one with --only; 2 selected$"):
+        repro_verb(verdict, None, capsys, cell=None, selected=(support.OLD, support.MID))
+    with pytest.raises(InputError, match=r"^repro: 'nope' is not a cell of images\.yaml"):
+        repro_verb(verdict, None, capsys, cell="nope")
+    code, out, _errors, _report = repro_verb(_verdict(A, expected=A), A, capsys)  # --against: one build
+    assert code == 0 and out.splitlines()[-1] == f"{support.MID}: bit-identical ({A})"
