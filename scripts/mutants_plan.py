@@ -92,7 +92,8 @@ PLAN: tuple[Target, ...] = (
     Target("builder/smoke/gpufit.py", ("tests/unit/test_gpufit.py",)),
     Target("builder/engine/capabilities.py", ("tests/unit/test_engine_capabilities.py",)),
     # The build context: what the image may see, the cell's wheels, the pip constraint.
-    Target("builder/lock/staging.py", ("tests/unit/test_supply_store.py", "tests/unit/test_hpc_env.py")),
+    Target("builder/lock/staging.py", ("tests/unit/test_staging.py", "tests/unit/test_supply_store.py",
+                                       "tests/unit/test_hpc_env.py")),
     # The registry client: manifests classified, digests checked, credentials only to the registry's origin.
     Target("builder/publish/client.py", ("tests/unit/test_publish_logic.py", "tests/unit/test_zstd_push.py",
                                          "tests/unit/test_manifest_list.py", "tests/unit/test_debsec_publish.py")),
