@@ -95,7 +95,8 @@ PLAN: tuple[Target, ...] = (
     Target("builder/lock/staging.py", ("tests/unit/test_staging.py", "tests/unit/test_supply_store.py",
                                        "tests/unit/test_hpc_env.py")),
     # The registry client: manifests classified, digests checked, credentials only to the registry's origin.
-    Target("builder/publish/client.py", ("tests/unit/test_publish_logic.py", "tests/unit/test_zstd_push.py",
+    Target("builder/publish/client.py", ("tests/unit/test_registry_client.py", "tests/unit/test_publish_logic.py",
+                                         "tests/unit/test_zstd_push.py",
                                          "tests/unit/test_manifest_list.py", "tests/unit/test_debsec_publish.py")),
     # build.py repro's verb: the exit status and the named files.
     Target("builder/cli/verbs/repro.py", ("tests/unit/test_repro.py",), only=("digest", "run")),
