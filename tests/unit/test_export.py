@@ -356,3 +356,50 @@ def test_the_verb_writes_to_exports_by_default_and_prints_what_it_reports(
                                "sha256": "f" * 64, "seconds": 12.3}, indent=1) + "\n"
     table = capsys.readouterr().out.splitlines()
     assert table[-1].split() == ["img:tag", "sif", str(out), *shown.split(), "f" * 64, "12", "s"]
+
+
+def test_a_tar_that_stops_reading_ends_the_stream_and_says_why(tmp_path: Path, fake_tools: Path) -> None:
+    """tar exits at once: the engine's next write meets a closed pipe, and tar's own words are the error."""
+    _tool(fake_tools, "tar", "echo 'tar: refused' >&2; exit 2")
+    _tool(fake_tools, "mksquashfs", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: unpacking img failed \(tar exit 2\): tar: refused$"):
+        squash.export(NotATar(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("arch", "code"), [("amd64", "2"), ("arm64", "4"), (None, "2")])
+def test_a_sif_wraps_the_squashfs_for_the_images_architecture(tmp_path: Path, fake_tools: Path, arch: str | None,
+                                                                code: str) -> None:
+    class Arch(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            attrs = super().image_attrs(ref) or {}
+            return {**attrs, "Architecture": arch} if arch else {k: v for k, v in attrs.items() if k != "Architecture"}
+
+    _tool(fake_tools, "mksquashfs", 'echo "mksquashfs $*" | sed "s#$1#ROOT#; s#$2#SQ#" > "$2"')
+    _tool(fake_tools, "siftool", 'case "$1" in new) : > "$2" ;; add) cat "$3" >> "$2"; shift 3; '
+                                 'echo "add $*" >> "$0.log" ;; esac')
+    out = tmp_path / "x.sif"
+    done = squash.export(Arch(), "img", "sif", out, processors=3)  # type: ignore[arg-type]
+    assert out.read_text() == ("mksquashfs ROOT SQ -all-root -noappend -no-progress -quiet -comp lz4 "
+                               "-processors 3\n")
+    assert (fake_tools / "siftool.log").read_text() == (
+        f"add --datatype 4 --parttype 2 --partfs 1 --partarch {code} --groupid 1\n")
+    assert done.format == "sif" and sorted(p.name for p in tmp_path.iterdir()) == ["bin", "x.sif"]
+
+
+def test_a_sif_of_an_architecture_without_a_code_is_refused(tmp_path: Path, fake_tools: Path) -> None:
+    class Power(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            return {**(super().image_attrs(ref) or {}), "Architecture": "ppc64le"}
+
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"')
+    _tool(fake_tools, "siftool", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: no SIF architecture code for 'ppc64le' \(known: amd64, arm64\)$"):
+        squash.export(Power(), "img", "sif", tmp_path / "x.sif")  # type: ignore[arg-type]
+    _tool(fake_tools, "mksquashfs", 'echo "$*" > "$2"')
+    squash.export(FakeEngine(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert "-processors" not in (tmp_path / "x.sqsh").read_text()  # none asked: mksquashfs's own default
+
+
+def test_the_working_directory_is_made_with_its_parents(tmp_path: Path) -> None:
+    squash.add_runtime_files(tmp_path, {"Config": {"WorkingDir": "/srv/a/b"}}, "u")
+    assert (tmp_path / "srv" / "a" / "b").is_dir() and (tmp_path / "etc" / "rc").is_file()

@@ -153,9 +153,10 @@ def mount(tmp_path: Path) -> Iterator[Callable[..., Path]]:
         if r.returncode:
             pytest.skip(f"{ROOT_ONLY}: mount: {r.stderr.strip()}")
         mounted.append(where)
-        for rel in make:
-            (where / rel).mkdir(mode=0o700, parents=True)
-            (where / rel).chmod(0o700)
+        for rel in make:  # each folder private (0700), its parents too
+            (where / rel).mkdir(parents=True)
+            for part in (Path(rel), *Path(rel).parents[:-1]):
+                (where / part).chmod(0o700)
         if "ro" in options.split(","):
             subprocess.run(["mount", "-o", "remount,ro", str(where)], capture_output=True, timeout=30, check=True)
         return where
