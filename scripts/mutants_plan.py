@@ -87,7 +87,7 @@ PLAN: tuple[Target, ...] = (
     # The HPC export: the runtime files, the all-or-nothing write, the digest the verb reports.
     Target("builder/export/runtime_files.py", ("tests/unit/test_export.py",)),
     Target("builder/export/squash.py", ("tests/unit/test_export.py",)),
-    Target("builder/cli/verbs/export.py", ("tests/unit/test_export.py",), only=("run",)),
+    Target("builder/cli/verbs/export.py", ("tests/unit/test_export_verb.py",), only=("run",)),
     # Whether a cell runs on the host's GPUs; what the engine can do, never read off a version.
     Target("builder/smoke/gpufit.py", ("tests/unit/test_gpufit.py",)),
     Target("builder/engine/capabilities.py", ("tests/unit/test_engine_capabilities.py",)),
