@@ -51,6 +51,12 @@ class Session:
     def head(self, url: str, **kw: Any) -> Answer:
         return self._answer("HEAD", url, **kw)
 
+    def post(self, url: str, **kw: Any) -> Answer:
+        return self._answer("POST", url, **kw)
+
+    def patch(self, url: str, **kw: Any) -> Answer:
+        return self._answer("PATCH", url, **kw)
+
 
 def _client(session: Session, creds: Credentials | None = None) -> RegistryClient:
     return RegistryClient(REG, "img", creds, session=session, verify=False)  # type: ignore[arg-type]
@@ -152,3 +158,40 @@ def test_the_ca_bundle_is_the_callers_then_the_systems(monkeypatch: pytest.Monke
     assert client.ca_bundle({"REQUESTS_CA_BUNDLE": "/mine.pem", "SSL_CERT_FILE": "/yours.pem"}) == "/mine.pem"
     assert RegistryClient(REG, "img", None, session=Session()).verify == "/etc/ssl/certs/ca-certificates.crt"  # type: ignore[arg-type]
     assert RegistryClient(REG, "img", None, session=Session(), verify=False).verify is False  # type: ignore[arg-type]
+
+
+def test_a_manifest_whose_digest_header_lies_is_a_final_protocol_fault() -> None:
+    got = client.manifest_remote(200, {"Docker-Content-Digest": "sha256:other"}, b"{}", WHAT)
+    assert got.fault is not None and got.fault.kind == "protocol" and got.fault.transient is False
+    assert got.fault.message.startswith(f"{WHAT}: Docker-Content-Digest sha256:other is not the sha256 of")
+
+
+def test_a_lists_entries_without_a_platform_or_a_digest_are_not_children() -> None:
+    body = json.dumps({"mediaType": client.OCI_INDEX, "manifests": [
+        {"digest": "sha256:a", "platform": {"os": "linux", "architecture": "arm64", "variant": "v8"}},
+        {"digest": "sha256:b"}, {"platform": {"os": "linux", "architecture": "amd64"}}, "junk",
+        {"digest": "sha256:c", "platform": {"os": "linux", "architecture": "amd64"}}]}).encode()
+    got = client.manifest_remote(200, {}, body, WHAT)
+    assert got.children == (("linux/arm64/v8", "sha256:a"), ("linux/amd64", "sha256:c")) and got.compression == ""
+
+
+def test_a_challenges_parameters_quoted_or_not() -> None:
+    assert client.parse_challenge('Bearer realm="https://a/t",service=reg,scope="repository:x:pull"') == (
+        "bearer", {"realm": "https://a/t", "service": "reg", "scope": "repository:x:pull"})
+
+
+def test_an_upload_posts_patches_and_puts_the_digest() -> None:
+    session = Session(Answer(202, headers={"Location": "/v2/img/blobs/uploads/u1?state=s"}),
+                      Answer(202, headers={"Location": "/v2/img/blobs/uploads/u1?state=t"}),
+                      Answer(201, headers={"Docker-Content-Digest": "sha256:d"}))
+    assert _client(session).upload_blob(b"data", lambda: "sha256:d") == "sha256:d"
+    assert [(m, u) for m, u, _h in session.asked] == [
+        ("POST", "https://registry.example:5000/v2/img/blobs/uploads/"),
+        ("PATCH", "https://registry.example:5000/v2/img/blobs/uploads/u1?state=s"),
+        ("PUT", "https://registry.example:5000/v2/img/blobs/uploads/u1?state=t&digest=sha256%3Ad")]
+    plain = Session(Answer(202), Answer(202), Answer(201))  # no digest answered: the one sent stands
+    assert _client(plain).upload_blob(b"data", "sha256:d") == "sha256:d"
+    liar = Session(Answer(202), Answer(202), Answer(201, headers={"Docker-Content-Digest": "sha256:x"}))
+    got = _client(liar).upload_blob(b"data", "sha256:d")
+    assert got == Fault("protocol", "upload to registry.example:5000/img: sent sha256:d, the registry stored sha256:x",
+                        False)

@@ -65,9 +65,10 @@ def test_a_tree_holds_exactly_what_is_wanted_and_kept(tmp_path: Path) -> None:
             path.write_text("old")
         else:
             path.mkdir(parents=True)
-    staging.sync_tree(dest, {"want/x": src, "want/deep/y": src}, frozenset({"keepdir/kept.txt"}))
+    staging.sync_tree(dest, {"want/x": src, "want/deep/y": src, "n1/n2/z": src}, frozenset({"keepdir/kept.txt"}))
     got = sorted(p.relative_to(dest).as_posix() + ("/" if p.is_dir() else "") for p in dest.rglob("*"))
-    assert got == ["keepdir/", "keepdir/kept.txt", "want/", "want/deep/", "want/deep/y", "want/x"]
+    assert got == ["keepdir/", "keepdir/kept.txt", "n1/", "n1/n2/", "n1/n2/z", "want/", "want/deep/", "want/deep/y",
+                   "want/x"]
 
 
 def test_an_empty_tree_is_made_with_its_parents(tmp_path: Path) -> None:
@@ -112,3 +113,14 @@ def test_the_sbom_input_names_each_wheel_and_its_hash() -> None:
         "file": "locks/c.toml", "digest": "sha256:" + "d" * 64, "target": "x86_64-manylinux_2_36", "python": "3.12"}
     assert got["packages"]["torch"] == {"version": "2.7.0", "sha256": "a" * 64, "url": "u",
                                         "filename": "torch-2.7.0-x.whl", "layer": "torch"}
+
+
+def test_a_written_file_gets_its_folders_and_its_mode_and_is_rewritten_only_when_it_changes(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "f"
+    staging.write_if_changed(path, b"one", 0o755)
+    assert path.read_bytes() == b"one" and path.stat().st_mode & 0o777 == 0o755
+    os.utime(path, ns=(1, 1))
+    staging.write_if_changed(path, b"one")
+    assert path.stat().st_mtime_ns == 1
+    staging.write_if_changed(path, b"two")
+    assert path.read_bytes() == b"two" and path.stat().st_mode & 0o777 == 0o644
