@@ -33,14 +33,17 @@ class Answer:
 class Session:
     """Answers each request with the next scripted answer and records what was asked."""
 
-    def __init__(self, *answers: Answer) -> None:
+    def __init__(self, *answers: Answer | Exception) -> None:
         self.answers = list(answers)
         self.asked: list[tuple[str, str, dict[str, str]]] = []
         self.trust_env = True
 
     def _answer(self, method: str, url: str, headers: Mapping[str, str] | None = None, **kw: Any) -> Answer:
         self.asked.append((method, url, dict(headers or {})))
-        return self.answers.pop(0)
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     def get(self, url: str, **kw: Any) -> Answer:
         return self._answer("GET", url, **kw)
@@ -92,7 +95,7 @@ def test_either_spelling_of_the_token_is_used(field: str) -> None:
     assert token_url[1] == "https://auth.example/token" and final[2]["Authorization"] == "Bearer T"
 
 
-@pytest.mark.parametrize("answer", [b"not json", b"{}", b'{"token": ""}'])
+@pytest.mark.parametrize("answer", [b"not json", b"{}", b'{"token": ""}', b'["token"]'])
 def test_a_token_answer_without_a_token_is_a_final_auth_fault(answer: bytes) -> None:
     session = Session(Answer(401, headers=CHALLENGE), Answer(200, answer))
     got = _client(session).manifest("v1")
@@ -195,3 +198,14 @@ def test_an_upload_posts_patches_and_puts_the_digest() -> None:
     got = _client(liar).upload_blob(b"data", "sha256:d")
     assert got == Fault("protocol", "upload to registry.example:5000/img: sent sha256:d, the registry stored sha256:x",
                         False)
+
+
+def test_a_network_error_is_a_fault_not_an_exception() -> None:
+    import requests
+
+    down = requests.exceptions.ConnectionError("refused")
+    got = _client(Session(down)).manifest("v1")
+    assert got.fault is not None and got.fault.kind == "network" and not got.present
+    token = _client(Session(Answer(401, headers=CHALLENGE), down)).manifest("v1")
+    assert token.fault is not None and token.fault.kind == "network"
+    assert "(token from https://auth.example/token)" in token.fault.message
