@@ -58,7 +58,7 @@ def test_the_verb_writes_to_exports_by_default_and_prints_what_it_reports(
         out.write_text("x")
         return squash.Exported(out, fmt, size, "f" * 64, 12.345)
 
-    monkeypatch.setattr(export_verb.squash, "export", export)
+    monkeypatch.setattr(squash, "export", export)
 
     class Ctx:
         args = argparse.Namespace(target=None, fmt="sif", output=None)

@@ -217,6 +217,7 @@ def repro_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
     from builder.cli.verbs import repro as verb
     from builder.common.log import log
+    from builder.imaging import buildenv
     from tests import support
 
     matrix = support.small_matrix(tmp_path / "m")
@@ -224,7 +225,7 @@ def repro_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(verb, "find_buildkit_cli", lambda: None)
     seen: dict[str, Any] = {}
     monkeypatch.setattr(repro, "cannot", lambda cli, store, api: seen.update(cannot=(store.kind, api)))
-    monkeypatch.setattr(verb.buildenv, "detect", lambda environ, extra: None)
+    monkeypatch.setattr(buildenv, "detect", lambda environ, extra: None)
     logs = tmp_path / "logs" / "nested"  # made with its parents
 
     def run(verdict: repro.Verdict, against: str | None, capsys: pytest.CaptureFixture[str], cell: str | None = support.MID,

@@ -36,7 +36,7 @@ def test_where_no_link_can_be_made_the_file_is_copied(tmp_path: Path, monkeypatc
     def no_link(a: object, b: object) -> None:
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr(staging.os, "link", no_link)
+    monkeypatch.setattr(os, "link", no_link)
     src, dst = tmp_path / "src", tmp_path / "d" / "dst"
     src.write_text("wheel")
     staging.link(src, dst)
@@ -47,7 +47,7 @@ def test_any_other_link_error_is_raised(tmp_path: Path, monkeypatch: pytest.Monk
     def no_link(a: object, b: object) -> None:
         raise OSError(errno.EACCES, "denied")
 
-    monkeypatch.setattr(staging.os, "link", no_link)
+    monkeypatch.setattr(os, "link", no_link)
     (tmp_path / "src").write_text("x")
     with pytest.raises(PermissionError):
         staging.link(tmp_path / "src", tmp_path / "dst")
