@@ -182,6 +182,11 @@ def test_the_space_check_asks_the_factor_times_the_image_and_says_the_figures(
     squash.check_space(tmp_path, 1000, "sqsh")  # exactly enough
     with pytest.raises(StepFailed):
         squash.check_space(tmp_path, 1000, "sif")  # a SIF needs 2.5x
+    _free(monkeypatch, 2500)
+    squash.check_space(tmp_path, 1000, "sif")
+    _free(monkeypatch, 2499)
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sif")
     _free(monkeypatch, 1799)
     with pytest.raises(StepFailed):
         squash.check_space(tmp_path, 1000, "sqsh")
