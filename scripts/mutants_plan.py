@@ -80,6 +80,26 @@ PLAN: tuple[Target, ...] = (
            only=("transport", "server_address", "served")),
     # YAML loading: the one safe loader (duplicate keys, control characters, alias bombs, size).
     Target("builder/common/yamlpos.py", ("tests/unit/test_yamlpos.py", "tests/unit/test_spec.py")),
+    # The image without its entrypoint: the startup module's private HOME and noexec rule, pip's hint
+    # (a Python script without .py; profile.sh is shell, which cosmic-ray cannot mutate: docs/testing.md).
+    Target("entrypoint/ptmg_userenv.py", ("tests/unit/test_userenv.py",)),
+    Target("entrypoint/pip-hint", ("tests/unit/test_pip_hint.py", "tests/unit/test_hpc_env.py")),
+    # The HPC export: the runtime files, the all-or-nothing write, the digest the verb reports.
+    Target("builder/export/runtime_files.py", ("tests/unit/test_export.py",)),
+    Target("builder/export/squash.py", ("tests/unit/test_export.py",)),
+    Target("builder/cli/verbs/export.py", ("tests/unit/test_export_verb.py",), only=("run",)),
+    # Whether a cell runs on the host's GPUs; what the engine can do, never read off a version.
+    Target("builder/smoke/gpufit.py", ("tests/unit/test_gpufit.py",)),
+    Target("builder/engine/capabilities.py", ("tests/unit/test_engine_capabilities.py",)),
+    # The build context: what the image may see, the cell's wheels, the pip constraint.
+    Target("builder/lock/staging.py", ("tests/unit/test_staging.py", "tests/unit/test_supply_store.py",
+                                       "tests/unit/test_hpc_env.py")),
+    # The registry client: manifests classified, digests checked, credentials only to the registry's origin.
+    Target("builder/publish/client.py", ("tests/unit/test_registry_client.py", "tests/unit/test_publish_logic.py",
+                                         "tests/unit/test_zstd_push.py",
+                                         "tests/unit/test_manifest_list.py", "tests/unit/test_debsec_publish.py")),
+    # build.py repro's verb: the exit status and the named files.
+    Target("builder/cli/verbs/repro.py", ("tests/unit/test_repro.py",), only=("digest", "run")),
 )
 
 # Kept operators. cosmic-ray replaces each binary operator by every other one and each comparison

@@ -16,9 +16,12 @@ from builder.engine.capabilities import CLASSIC, CONTAINERD, UNKNOWN
 from builder.engine.model import BuildRequest
 
 # `docker info` as each engine answers it (trimmed to the fields asked).
-INFO_2010 = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
-INFO_28_CLASSIC = {"Driver": "overlay2", "DriverStatus": [["Backing Filesystem", "extfs"], ["userxattr", "false"]]}
-INFO_28_CONTAINERD = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
+INFO_2010 = {"ServerVersion": "20.10.24+dfsg1", "Driver": "overlay2",
+             "DriverStatus": [["Backing Filesystem", "extfs"], ["Supports d_type", "true"]]}
+INFO_28_CLASSIC = {"ServerVersion": "28.5.2", "Driver": "overlay2",
+                   "DriverStatus": [["Backing Filesystem", "extfs"], ["userxattr", "false"]]}
+INFO_28_CONTAINERD = {"ServerVersion": "28.5.2", "Driver": "overlayfs",
+                      "DriverStatus": [["driver-type", "io.containerd.snapshotter.v1"]]}
 
 
 @pytest.mark.parametrize(("info", "kind"), [
@@ -29,6 +32,16 @@ INFO_28_CONTAINERD = {"Driver": "overlayfs", "DriverStatus": [["driver-type", "i
 ])
 def test_image_store_is_read_from_driver_status(info: dict[str, object], kind: str) -> None:
     assert capabilities.image_store(info).kind == kind
+
+
+@pytest.mark.parametrize("version", ["20.10.24+dfsg1", "23.0.0", "27.5.1", "28.5.2", "29.0.0", "29.1.3", "", "dev"])
+def test_the_image_store_never_follows_the_engines_version(version: str) -> None:
+    """Docker 29 defaults to the containerd store on new installs, but an upgraded 29 keeps the
+    classic one and a 28 can be switched: only DriverStatus says which store is in use."""
+    for info, kind in ((INFO_28_CLASSIC, CLASSIC), (INFO_28_CONTAINERD, CONTAINERD), (INFO_2010, CLASSIC),
+                       ({"ServerVersion": version, "Driver": "stargz"}, UNKNOWN)):
+        store = capabilities.image_store({**info, "ServerVersion": version})
+        assert (store.kind, store.driver) == (kind, info["Driver"]), (version, info)
 
 
 def test_unknown_store_line_says_what_and_the_fix() -> None:
@@ -62,6 +75,37 @@ def test_a_feature_the_builder_lacks_gets_one_line_with_the_fix() -> None:
     line = capabilities.need_feature("rewrite-timestamp (bit-identical layers)", Version.parse("0.8"), "API 1.41")
     assert line is not None and "\n" not in line and ">= 0.13" in line and "buildx" in line
     assert capabilities.parse_inspect("Name: default\nBuildKit version: v0.0.0+unknown\n") == "v0.0.0+unknown"
+
+
+@pytest.mark.parametrize(("status", "kind"), [
+    ([["driver-type", "io.containerd.snapshotter.v1", "extra"]], CLASSIC),  # not a pair: not read
+    (["driver-type", "io.containerd.snapshotter.v1"], CLASSIC),  # strings, not pairs
+    ([["driver-type", "overlayfs"]], CLASSIC),  # another driver type
+    ([["Backing Filesystem", "io.containerd.snapshotter.v1"]], CLASSIC),  # the value under another key
+    ([["Backing Filesystem", "extfs"], ("driver-type", "io.containerd.snapshotter.v1")], CONTAINERD),
+])
+def test_only_a_driver_type_pair_naming_the_snapshotter_is_the_containerd_store(status: list[object], kind: str) -> None:
+    assert capabilities.image_store({"Driver": "overlay2", "DriverStatus": status}).kind == kind
+
+
+def test_features_need_their_buildkit_version_or_newer() -> None:
+    names = [name for name, _ in capabilities.FEATURES]
+    assert capabilities.features(None) == [(n, False) for n in names]
+    assert capabilities.features(Version.parse("0.10")) == list(zip(names, [True, False, True], strict=True))
+    assert capabilities.features(Version.parse("0.9.9")) == list(zip(names, [True, False, False], strict=True))
+    assert capabilities.features(Version.parse("0.13")) == [(n, True) for n in names]
+
+
+def test_what_a_missing_feature_line_says_the_builder_has() -> None:
+    feature = "zstd layers"
+    line = capabilities.need_feature(feature, Version.parse("0.8"), "at least, from the engine's API 1.41")
+    assert line is not None and line.startswith(
+        "zstd layers needs BuildKit >= 0.10, and this engine's builder has BuildKit 0.8 (at least, from the "
+        "engine's API 1.41). Fix: ")
+    unknown = capabilities.need_feature(feature, None, "unknown")
+    assert unknown is not None and "and this engine's builder has a BuildKit of unknown version. Fix: " in unknown
+    assert capabilities.buildkit_version(None, "abc") == (None, "unknown (API version 'abc')")
+    assert capabilities.buildkit_version("v0.0.0+unknown", None) == (None, "unknown")
 
 
 def _fake_cli(path: Path, version: str, buildx: bool) -> str:

@@ -3,6 +3,7 @@ with a fake engine and fake squashfs tools (the docker tier exports real images 
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import shutil
@@ -13,8 +14,11 @@ from typing import Any
 
 import pytest
 
+import ptmg_contract as contract
 from builder.common.errors import InputError, StepFailed
 from builder.export import runtime_files, squash
+from builder.render.dockerfile import image_env
+from tests import support
 
 CFG: dict[str, Any] = runtime_files.config_of({"Config": {
     "Env": ["PATH=/opt/venv/bin:/usr/bin:/bin", "PTMG_CUDA_ARCH_LIST=sm_80 sm_90", 'ODD=a "b" $c'],
@@ -52,6 +56,40 @@ def test_every_runtime_file_is_there() -> None:
     assert files["etc/environment"][0] == files["ch/environment"][0] == "".join(f"{e}\n" for e in CFG["Env"])
     assert {"etc/rc", "etc/rc.local", "etc/fstab", ".singularity.d/runscript", ".singularity.d/labels.json",
             ".singularity.d/actions/exec"} <= set(files)
+
+
+def test_the_config_is_read_whole_and_absent_fields_are_empty() -> None:
+    assert CFG == {"Env": ["PATH=/opt/venv/bin:/usr/bin:/bin", "PTMG_CUDA_ARCH_LIST=sm_80 sm_90", 'ODD=a "b" $c'],
+                   "Entrypoint": ["/bin/echo", "EP"], "Cmd": ["CMD ARG"], "WorkingDir": "/workspace",
+                   "Labels": {"io.pt-multi-gpu.cell": "c1", "multi": "two\nlines"}, "Volumes": []}
+    assert runtime_files.config_of({"Config": {"Volumes": {"/b": {}, "/a": {}}}}) == {
+        "Env": [], "Entrypoint": [], "Cmd": [], "WorkingDir": "/", "Labels": {}, "Volumes": ["/a", "/b"]}
+    assert runtime_files.config_of({"Config": None})["WorkingDir"] == "/"
+
+
+def test_each_runtime_file_has_its_mode() -> None:
+    """Scripts the runtimes run are executable; the rest is read (enroot and apptainer write the same)."""
+    modes = {name: mode for name, (_text, mode) in runtime_files.files(CFG, "dockerd://x").items()}
+    script = {".singularity.d/env/10-docker2singularity.sh", ".singularity.d/runscript",
+              *(f".singularity.d/actions/{a}" for a in ("exec", "run", "shell"))}
+    assert modes == {name: 0o755 if name in script else 0o644 for name in [
+        "etc/environment", "etc/rc", "etc/rc.local", "etc/fstab", "ch/environment", ".singularity.d/labels.json",
+        *script]}
+
+
+def test_the_images_pip_and_uv_constraint_reach_enroot_and_charliecloud(tmp_path: Path) -> None:
+    """A cell's ENV, as the Dockerfile sets it, in the export's /etc/environment (enroot) and
+    /ch/environment (Charliecloud): without UV_CONSTRAINT there, `uv pip install` replaces torch."""
+    spec = support.cell(support.small_matrix(tmp_path), support.MID)
+    env = [f"{k}={v}" for k, v in image_env(spec)]
+    files = runtime_files.files(runtime_files.config_of({"Config": {"Env": env}}), "dockerd://x")
+    want = f"UV_CONSTRAINT={contract.PIP_CONSTRAINT_FILE}"
+    for name in ("etc/environment", "ch/environment"):
+        lines = files[name][0].splitlines()
+        assert want in lines and f"PIP_CONSTRAINT={contract.PIP_CONSTRAINT_FILE}" in lines, name
+        assert "PYTHONNOUSERSITE=1" in lines and lines == env, name
+    assert f'export UV_CONSTRAINT="${{UV_CONSTRAINT:-"{contract.PIP_CONSTRAINT_FILE}"}}"' in \
+        files[".singularity.d/env/10-docker2singularity.sh"][0].splitlines()
 
 
 @pytest.mark.parametrize(("name", "fmt", "want"), [
@@ -102,7 +140,8 @@ def test_export_writes_the_file_only_when_complete(tmp_path: Path, fake_tools: P
     (tmp_path / "out").mkdir()
     out = squash.check_output(tmp_path / "out" / "x.sqsh", "sqsh")
     done = squash.export(FakeEngine(), "img", "sqsh", out)  # type: ignore[arg-type]
-    assert out.read_text() == "A=1\nhello\n" and done.size == 10 and len(done.sha256) == 64
+    assert out.read_text() == "A=1\nhello\n" and done.size == 10
+    assert done.sha256 == hashlib.sha256(b"A=1\nhello\n").hexdigest() and (done.path, done.format) == (out, "sqsh")
     assert sorted(p.name for p in out.parent.iterdir()) == ["x.sqsh"]  # the work folder is gone
 
 
@@ -130,3 +169,186 @@ def test_missing_image_tool_or_disk_are_clear_errors(tmp_path: Path, fake_tools:
 def test_a_directory_is_named_as_such(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a directory; name the file"):
         squash.check_output(tmp_path, "sqsh")
+
+
+
+def _free(monkeypatch: pytest.MonkeyPatch, free: int) -> None:
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: type("U", (), {"free": free})())
+
+
+def test_the_space_check_asks_the_factor_times_the_image_and_says_the_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _free(monkeypatch, 1800)
+    squash.check_space(tmp_path, 1000, "sqsh")  # exactly enough
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sif")  # a SIF needs 2.5x
+    _free(monkeypatch, 2500)
+    squash.check_space(tmp_path, 1000, "sif")
+    _free(monkeypatch, 2499)
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sif")
+    _free(monkeypatch, 1799)
+    with pytest.raises(StepFailed):
+        squash.check_space(tmp_path, 1000, "sqsh")
+    # figures that sit on a rounding edge: a GB of 10^9 bytes, exactly
+    _free(monkeypatch, 1_150_000_001)
+    with pytest.raises(StepFailed) as refused:
+        squash.check_space(tmp_path, 1_194_444_445, "sqsh")
+    assert str(refused.value) == (f"export: not enough disk in {tmp_path}: 1.2 GB free, about 2.2 GB needed for a "
+                                  "1.2 GB image (unpacked root plus the sqsh file); free some space or use -o on "
+                                  "another filesystem")
+    _free(monkeypatch, 1_149_999_999)
+    with pytest.raises(StepFailed, match=r": 1\.1 GB free, about 2\.1 GB needed for a 1\.2 GB image "):
+        squash.check_space(tmp_path, 1_194_444_444, "sqsh")
+    _free(monkeypatch, 0)
+    for size, shown in ((1_150_000_001, "1.2"), (1_149_999_999, "1.1")):
+        with pytest.raises(StepFailed, match=f"needed for a {shown} GB image"):
+            squash.check_space(tmp_path, size, "sqsh")
+
+
+def test_a_tool_that_fails_or_hangs_is_named_with_its_last_five_lines(tmp_path: Path) -> None:
+    with pytest.raises(StepFailed) as failed:
+        squash._run(["sh", "-c", "for i in 1 2 3 4 5 6 7; do echo line$i >&2; done; exit 3"], "mksquashfs")
+    assert str(failed.value) == "export: mksquashfs failed (exit 3): line3 / line4 / line5 / line6 / line7"
+    with pytest.raises(StepFailed, match=r"^export: siftool add took over 0 s$"):
+        squash._run(["sleep", "10"], "siftool add", timeout=0.3)
+
+
+class NotATar(FakeEngine):
+    def export_filesystem(self, ref: str, write: Any) -> None:
+        for _ in range(64):  # tar stops at the first block: the rest meets a closed pipe
+            write(b"\x07" * 65536)
+
+
+def test_a_stream_tar_refuses_fails_with_tars_own_words(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "mksquashfs", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: unpacking img failed \(tar exit 2\): .*tar archive"):
+        squash.export(NotATar(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin"]  # the work folder is gone
+
+
+def test_the_file_is_world_readable_and_its_time_is_measured(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"; chmod 600 "$2"')
+    out = tmp_path / "x.sqsh"
+    done = squash.export(FakeEngine(), "img", "sqsh", out)  # type: ignore[arg-type]
+    assert (out.stat().st_mode & 0o777) == 0o644
+    assert 0 <= done.seconds < 60
+
+
+@pytest.mark.parametrize(("entrypoint", "cmd", "exec_lines"), [
+    ([], [], ('    exec "$@"', "    exec /bin/sh")),  # neither: a shell, as enroot does
+    (["/ep", "a b"], [], ("    exec /ep 'a b' \"$@\"", "    exec /ep 'a b'")),
+    ([], ["/cmd", "x"], ('    exec "$@"', "    exec /cmd x")),
+    (["/ep"], ["/cmd"], ('    exec /ep "$@"', "    exec /ep /cmd")),
+])
+def test_enroot_rc_execs_the_entrypoint_the_command_or_a_shell(entrypoint: list[str], cmd: list[str],
+                                                                 exec_lines: tuple[str, str]) -> None:
+    rc = runtime_files.enroot_rc({**CFG, "Entrypoint": entrypoint, "Cmd": cmd, "Labels": {}}, "u")
+    assert [line for line in rc.splitlines() if line.startswith("    exec ")] == list(exec_lines)
+
+
+def test_labels_json_is_sorted_with_one_space_indent() -> None:
+    text = runtime_files.files({**CFG, "Labels": {"b": "2", "a": "1"}}, "u")[".singularity.d/labels.json"][0]
+    assert text == '{\n "a": "1",\n "b": "2"\n}\n'
+
+
+def test_tars_error_is_quoted_to_its_last_400_characters(tmp_path: Path, fake_tools: Path) -> None:
+    _tool(fake_tools, "tar", "cat > /dev/null; printf 'HEAD%0500dTAIL' 0 >&2; exit 2")
+    with pytest.raises(StepFailed) as failed:
+        squash.export(FakeEngine(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert str(failed.value) == "export: unpacking img failed (tar exit 2): " + "0" * 396 + "TAIL"
+
+
+def test_an_image_without_a_size_needs_no_space_ahead(tmp_path: Path, fake_tools: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoSize(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            return {"Architecture": "amd64", "Config": {"Env": ["A=1"]}}
+
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"')
+    _free(monkeypatch, 0)
+    assert squash.export(NoSize(), "img", "sqsh", tmp_path / "x.sqsh").size == 2  # type: ignore[arg-type]
+
+
+@pytest.mark.allowed_skip(reason="needs root: a read-only mount")
+def test_an_output_folder_that_is_not_writable_is_an_input_error(tmp_path: Path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "ptmg-unit-ro", str(ro)],
+                                           capture_output=True, timeout=30, check=False).returncode:
+        pytest.skip("needs root: a read-only mount")
+    try:
+        with pytest.raises(InputError, match=f"^export: {ro} is not writable$"):
+            squash.check_output(ro / "x.sqsh", "sqsh")
+    finally:
+        subprocess.run(["umount", str(ro)], capture_output=True, timeout=30, check=True)
+
+
+def test_the_root_is_0755_and_docker_s_own_files_are_dropped(tmp_path: Path, fake_tools: Path) -> None:
+    """enroot drops /.dockerenv and what is under /dev; the image's / is world-readable."""
+    class WithDockerenv(FakeEngine):
+        def export_filesystem(self, ref: str, write: Any) -> None:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                for name in (".dockerenv", "dev/shm/", "etc/keep"):
+                    info = tarfile.TarInfo(name.rstrip("/"))
+                    info.type = tarfile.DIRTYPE if name.endswith("/") else tarfile.REGTYPE
+                    tar.addfile(info, io.BytesIO(b""))
+            write(buf.getvalue())
+
+    _tool(fake_tools, "mksquashfs", 'stat -c %a "$1" > "$2"; cd "$1" && find . -path ./.singularity.d -prune -o '
+                                    '-print | sort >> "$2"')
+    out = tmp_path / "x.sqsh"
+    squash.export(WithDockerenv(), "img", "sqsh", out)  # type: ignore[arg-type]
+    mode, *paths = out.read_text().splitlines()
+    assert mode == "755"
+    assert paths == [".", "./ch", "./ch/environment", "./dev", "./etc", "./etc/environment",
+                     "./etc/fstab", "./etc/keep", "./etc/rc", "./etc/rc.local"]
+
+
+
+def test_a_tar_that_stops_reading_ends_the_stream_and_says_why(tmp_path: Path, fake_tools: Path) -> None:
+    """tar exits at once: the engine's next write meets a closed pipe, and tar's own words are the error."""
+    _tool(fake_tools, "tar", "echo 'tar: refused' >&2; exit 2")
+    _tool(fake_tools, "mksquashfs", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: unpacking img failed \(tar exit 2\): tar: refused$"):
+        squash.export(NotATar(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("arch", "code"), [("amd64", "2"), ("arm64", "4"), (None, "2")])
+def test_a_sif_wraps_the_squashfs_for_the_images_architecture(tmp_path: Path, fake_tools: Path, arch: str | None,
+                                                                code: str) -> None:
+    class Arch(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            attrs = super().image_attrs(ref) or {}
+            return {**attrs, "Architecture": arch} if arch else {k: v for k, v in attrs.items() if k != "Architecture"}
+
+    _tool(fake_tools, "mksquashfs", 'echo "mksquashfs $*" | sed "s#$1#ROOT#; s#$2#SQ#" > "$2"')
+    _tool(fake_tools, "siftool", 'case "$1" in new) : > "$2" ;; add) cat "$3" >> "$2"; shift 3; '
+                                 'echo "add $*" >> "$0.log" ;; esac')
+    out = tmp_path / "x.sif"
+    done = squash.export(Arch(), "img", "sif", out, processors=3)  # type: ignore[arg-type]
+    assert out.read_text() == ("mksquashfs ROOT SQ -all-root -noappend -no-progress -quiet -comp lz4 "
+                               "-processors 3\n")
+    assert (fake_tools / "siftool.log").read_text() == (
+        f"add --datatype 4 --parttype 2 --partfs 1 --partarch {code} --groupid 1\n")
+    assert done.format == "sif" and sorted(p.name for p in tmp_path.iterdir()) == ["bin", "x.sif"]
+
+
+def test_a_sif_of_an_architecture_without_a_code_is_refused(tmp_path: Path, fake_tools: Path) -> None:
+    class Power(FakeEngine):
+        def image_attrs(self, ref: str) -> dict[str, Any] | None:
+            return {**(super().image_attrs(ref) or {}), "Architecture": "ppc64le"}
+
+    _tool(fake_tools, "mksquashfs", 'echo x > "$2"')
+    _tool(fake_tools, "siftool", "exit 0")
+    with pytest.raises(StepFailed, match=r"^export: no SIF architecture code for 'ppc64le' \(known: amd64, arm64\)$"):
+        squash.export(Power(), "img", "sif", tmp_path / "x.sif")  # type: ignore[arg-type]
+    _tool(fake_tools, "mksquashfs", 'echo "$*" > "$2"')
+    squash.export(FakeEngine(), "img", "sqsh", tmp_path / "x.sqsh")  # type: ignore[arg-type]
+    assert "-processors" not in (tmp_path / "x.sqsh").read_text()  # none asked: mksquashfs's own default
+
+
+def test_the_working_directory_is_made_with_its_parents(tmp_path: Path) -> None:
+    squash.add_runtime_files(tmp_path, {"Config": {"WorkingDir": "/srv/a/b"}}, "u")
+    assert (tmp_path / "srv" / "a" / "b").is_dir() and (tmp_path / "etc" / "rc").is_file()

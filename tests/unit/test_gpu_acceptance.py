@@ -27,13 +27,15 @@ def _host(tmp: Path, *, torch: bool = True, nvcc: bool = True, smi: bool = True)
         if present:
             path.write_text("#!/bin/sh\necho fake\n")
             path.chmod(0o755)
+    temp = tmp / "tmp"  # the suites' own folders (ptmg-smoke-*, ptmg-child-*) go here, not to the host's /tmp
+    temp.mkdir(exist_ok=True)
     pkgs = tmp / "pkgs"
     if torch:
         write_fake_torch(pkgs)
         (pkgs / "triton").mkdir(exist_ok=True)
         (pkgs / "triton" / "__init__.py").write_text("")
     return {"PATH": f"{bindir}:/usr/bin:/bin", "CUDA_HOME": str(cuda), "PYTHONPATH": str(pkgs), "HOME": str(tmp),
-            "FAKE_TORCH_GPUS": "1"}
+            "TMPDIR": str(temp), "FAKE_TORCH_GPUS": "1"}
 
 
 def _run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

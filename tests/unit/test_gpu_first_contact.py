@@ -44,8 +44,10 @@ def fake_env(tmp: Path, *, gpus: int, smi_driver: str | None, **extra: str) -> d
     path = "/usr/bin:/bin"
     if smi_driver:
         path = f"{fake_smi(tmp / 'smi', [], driver_only=smi_driver).parent}:{path}"
+    temp = tmp / "tmp"  # the suite's own results folder (ptmg-smoke-*) goes here, not to the host's /tmp
+    temp.mkdir(exist_ok=True)
     return {"PATH": path, "PYTHONPATH": f"{torch_dir}:{ROOT}", "FAKE_TORCH_GPUS": str(gpus),
-            "FAKE_TORCH_CUDA": "12.6", "PTMG_MIN_DRIVER": MIN_DRIVER, "HOME": str(tmp), **extra}
+            "FAKE_TORCH_CUDA": "12.6", "PTMG_MIN_DRIVER": MIN_DRIVER, "HOME": str(tmp), "TMPDIR": str(temp), **extra}
 
 
 # --- a GPU job never passes on CPU, and says why --------------------------------------------------------------

@@ -1,12 +1,11 @@
-"""The image without its entrypoint: the venv's startup module, the login profile, the pip
-constraint and its hint, and the selftest's runtime name (pure logic; the docker tier runs them
-in real containers and under Charliecloud)."""
+"""The image without its entrypoint: the pip constraint and its hint, and the selftest's runtime
+name (pure logic; the docker tier runs them in real containers and under Charliecloud). The venv's
+startup module and the login profile: tests/unit/test_userenv.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import types
@@ -28,81 +27,8 @@ def _load(name: str, path: Path) -> types.ModuleType:
     return module
 
 
-ptmg_userenv = _load("ptmg_userenv", ROOT / "entrypoint" / "ptmg_userenv.py")
 where = _load("where", ROOT / "smoke_tests" / "where.py")
 pip_hint = _load("pip_hint", ROOT / "entrypoint" / "pip-hint")
-OTHER_UID = 4242  # no passwd entry on the host or in the image
-
-
-# --- the venv's startup module ------------------------------------------------------------
-def test_home_unset_gets_a_private_writable_home(tmp_path: Path) -> None:
-    env = {"TMPDIR": str(tmp_path), "USER": "someone"}
-    changed = ptmg_userenv.fix(env, os.getuid())
-    home = tmp_path / f"ptmg-{os.getuid()}" / "home"
-    assert changed == {"HOME": str(home)} and env["HOME"] == str(home)
-    assert stat.S_IMODE((tmp_path / f"ptmg-{os.getuid()}").stat().st_mode) == 0o700
-    assert os.access(home, os.W_OK)
-
-
-@pytest.mark.parametrize("home", ["/nonexistent/home", "/proc"])
-def test_unwritable_home_is_replaced(tmp_path: Path, home: str) -> None:
-    if home == "/proc" and os.getuid() == 0:
-        home = str(tmp_path / "ro")
-        Path(home).mkdir()
-        Path(home).chmod(0o500)
-        if os.access(home, os.W_OK):  # root writes anyway: a regular file is never a usable HOME
-            Path(home).rmdir()
-            Path(home).write_text("x")
-    env = {"HOME": home, "TMPDIR": str(tmp_path), "USER": "u"}
-    assert "HOME" in ptmg_userenv.fix(env, os.getuid())
-
-
-def test_a_usable_home_and_a_name_change_nothing(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path), "USER": "u"}
-    assert ptmg_userenv.fix(env, os.getuid()) == {} and env == {"HOME": str(tmp_path), "USER": "u"}
-
-
-def test_a_uid_without_passwd_entry_gets_a_name(tmp_path: Path) -> None:
-    env = {"HOME": str(tmp_path)}
-    assert ptmg_userenv.fix(env, OTHER_UID) == {"USER": f"uid{OTHER_UID}", "LOGNAME": f"uid{OTHER_UID}"}
-
-
-def test_a_planted_link_or_foreign_dir_is_never_used(tmp_path: Path) -> None:
-    """Another user may create /tmp/ptmg-<uid> first: a link or a dir not ours is skipped."""
-    uid = os.getuid()
-    first, second = tmp_path / "a", tmp_path / "b"
-    first.mkdir()
-    second.mkdir()
-    (first / f"ptmg-{uid}").symlink_to(tmp_path)
-    assert ptmg_userenv.private_dir(str(first), uid) is None
-    (second / f"ptmg-{uid}").mkdir(mode=0o777)
-    os.chmod(second / f"ptmg-{uid}", 0o777)
-    assert ptmg_userenv.private_dir(str(second), uid) is None
-    env = {"TMPDIR": str(first), "USER": "u"}
-    changed = ptmg_userenv.fix(env, uid)
-    assert not changed.get("HOME", "").startswith(str(tmp_path))
-
-
-def test_the_pth_file_calls_the_module() -> None:
-    line = (ROOT / "entrypoint" / "ptmg_userenv.pth").read_text().strip()
-    assert line == "import ptmg_userenv; ptmg_userenv.main()"
-
-
-# --- the login profile ----------------------------------------------------------------------
-def _login_path(env: dict[str, str]) -> str:
-    cmd = ["sh", "-c", f". {ROOT / 'entrypoint' / 'profile.sh'}; printf %s \"$PATH\""]
-    if os.getuid() == 0:
-        cmd = ["setpriv", "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups", *cmd]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, timeout=30).stdout
-
-
-def test_login_profile_puts_the_image_path_back_without_the_entrypoint() -> None:
-    """Debian's /etc/profile resets PATH: `bash -lc python` found no python without a session file."""
-    debian = "/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"
-    out = _login_path({"PATH": debian, "PTMG_PATH": "/opt/venv/bin:/usr/bin:/bin"})
-    assert out.split(":")[0] == "/opt/venv/bin" and out.endswith(debian)
-    again = _login_path({"PATH": out, "PTMG_PATH": "/opt/venv/bin:/usr/bin:/bin"})
-    assert again == out  # idempotent: a nested login shell adds nothing
 
 
 # --- the pip constraint -------------------------------------------------------------------------
@@ -197,17 +123,3 @@ def test_selftest_names_its_runtime(env: dict[str, str], files: set[str], rc: st
     assert got.startswith(want)
     assert ("under Slurm job 12" in got) == ("SLURM_JOB_ID" in env)
 
-
-def test_a_home_that_allows_exec_is_preferred(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Docker's /dev/shm and --tmpfs mounts are noexec: kernels Inductor compiles there cannot load."""
-    noexec, execok = tmp_path / "noexec", tmp_path / "exec"
-    noexec.mkdir()
-    execok.mkdir()
-    monkeypatch.setattr(ptmg_userenv, "_TEMP_CANDIDATES", (str(noexec), str(execok)))
-    monkeypatch.setattr(ptmg_userenv, "executable_fs", lambda path: not str(path).startswith(str(noexec)))
-    env = {"USER": "u"}
-    changed = ptmg_userenv.fix(env, os.getuid())
-    assert changed["HOME"].startswith(str(execok))
-    # a noexec temporary folder with a usable HOME: Inductor's cache moves under HOME
-    env2 = {"USER": "u", "HOME": str(execok), "TMPDIR": str(noexec)}
-    assert ptmg_userenv.fix(env2, os.getuid()) == {"TORCHINDUCTOR_CACHE_DIR": f"{execok}/.cache/torchinductor"}

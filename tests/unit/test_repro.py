@@ -10,6 +10,8 @@ import json
 import stat
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -201,3 +203,104 @@ def test_an_engine_that_stops_answering_while_records_are_dropped_is_an_engine_e
 
     with pytest.raises(EngineError, match=r"stopped answering \(drop_build_records\): connection reset"):
         Engine(client=Gone({"a": None}), labels={}).drop_build_records({"a"})
+
+
+# --- the verb: its exit status, the differing files named, the report --------------------------------
+A, B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+@pytest.fixture
+def repro_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`build.py repro CELL` with the engine and the two builds faked: run(verdict, against) ->
+    (exit status, stdout, the error lines logged, the report)."""
+    import logging
+
+    from builder.cli.verbs import repro as verb
+    from builder.common.log import log
+    from builder.imaging import buildenv
+    from tests import support
+
+    matrix = support.small_matrix(tmp_path / "m")
+    engine = SimpleNamespace(store=lambda: Store(CONTAINERD, "overlayfs"), version=lambda: {"ApiVersion": "1.51"})
+    monkeypatch.setattr(verb, "find_buildkit_cli", lambda: None)
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(repro, "cannot", lambda cli, store, api: seen.update(cannot=(store.kind, api)))
+    monkeypatch.setattr(buildenv, "detect", lambda environ, extra: None)
+    logs = tmp_path / "logs" / "nested"  # made with its parents
+
+    def run(verdict: repro.Verdict, against: str | None, capsys: pytest.CaptureFixture[str], cell: str | None = support.MID,
+            selected: tuple[str, ...] = ()) -> tuple[int, str, list[str], Any]:
+        monkeypatch.setattr(repro, "reproduce", lambda engine, spec, *a, **k: seen.update(spec=spec.name) or verdict)
+        args = argparse.Namespace(cell=cell, against=against, log_dir=str(logs))
+        chosen = tuple(c for c in matrix.cells if c.name in selected) if selected else matrix.cells
+        ctx = SimpleNamespace(args=args, matrix=matrix, cells=chosen, source="images.yaml",
+                              docker_dir=tmp_path / "docker", root=tmp_path, engine=lambda: engine)
+        errors: list[str] = []
+
+        class Keep(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if record.levelno >= logging.ERROR:
+                    errors.append(record.getMessage())
+
+        keep = Keep()
+        log.addHandler(keep)
+        try:
+            code = verb.run(ctx)  # type: ignore[arg-type]
+        finally:
+            log.removeHandler(keep)
+        text = (logs / f"{seen['spec']}.repro.json").read_text()
+        report = json.loads(text)
+        assert text == json.dumps(report, indent=1) + "\n"
+        assert seen["cannot"] == ("containerd", "1.51")  # the engine's store and API version are asked
+        return code, capsys.readouterr().out, errors, report
+
+    run.seen = seen  # type: ignore[attr-defined]
+    return run
+
+
+def _verdict(*digests: str, expected: str | None = None, differs: tuple[str, ...] = ()) -> repro.Verdict:
+    return repro.Verdict(tuple(repro.Build(d, "sha256:c", 60.0) for d in digests), expected, 1700000000, "20250101T000000Z",
+                         differs)
+
+
+def test_the_verb_exits_0_only_when_the_builds_are_bit_identical(repro_verb: Any,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, errors, report = repro_verb(_verdict(A, A), None, capsys)
+    assert code == 0 and errors == [] and out.splitlines()[-1] == f"2.7.0-cuda12.6-cudnn9-runtime: bit-identical ({A})"
+    assert report["same"] is True and report["differs"] == [] and [b["manifest"] for b in report["builds"]] == [A, A]
+    assert report["source_date_epoch"] == 1700000000 and report["against"] is None
+
+
+def test_the_verb_exits_1_and_names_every_differing_file(repro_verb: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    differs = ("layer 3: opt/venv/lib/x.pyc: mtime", "layer 5: etc/ld.so.cache: content")
+    code, out, errors, report = repro_verb(_verdict(A, B, differs=differs), None, capsys)
+    assert code == 1 and "bit-identical" not in out
+    assert errors == [f"2.7.0-cuda12.6-cudnn9-runtime: the builds differ:\n{differs[0]}\n{differs[1]}"]
+    assert report["same"] is False and report["differs"] == list(differs)
+    assert [b["manifest"] for b in report["builds"]] == [A, B]
+
+
+def test_the_verb_against_another_digest_exits_1(repro_verb: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, errors, report = repro_verb(_verdict(A, expected=B, differs=("the manifest differs",)), B, capsys)
+    assert code == 1 and report["against"] == B and report["same"] is False
+    assert errors == ["2.7.0-cuda12.6-cudnn9-runtime: the builds differ:\nthe manifest differs"]
+    rows = [line.split() for line in out.splitlines()]
+    assert ["build", "1", A, "sha256:c", "60", "s"] in rows and ["--against", B] in rows
+
+
+def test_the_verb_takes_the_named_cell_or_the_one_selected_and_runs_again(
+        repro_verb: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    from builder.common.errors import InputError
+    from tests import support
+
+    verdict = repro.Verdict((repro.Build(A, "sha256:c", 61.26), repro.Build(A, "sha256:c", 0.04)), None, 1, "s", ())
+    for _ in range(2):  # the second run finds build-logs/ and .build/ there
+        code, _out, _errors, report = repro_verb(verdict, None, capsys, cell=None, selected=(support.LATEST,))
+        assert code == 0 and report["cell"] == support.LATEST == repro_verb.seen["spec"]
+        assert [b["seconds"] for b in report["builds"]] == [61.3, 0.0]
+    with pytest.raises(InputError, match=r"^repro: name one cell, or select exactly one with --only; 2 selected$"):
+        repro_verb(verdict, None, capsys, cell=None, selected=(support.OLD, support.MID))
+    with pytest.raises(InputError, match=r"^repro: 'nope' is not a cell of images\.yaml"):
+        repro_verb(verdict, None, capsys, cell="nope")
+    code, out, _errors, _report = repro_verb(_verdict(A, expected=A), A, capsys)  # --against: one build
+    assert code == 0 and out.splitlines()[-1] == f"{support.MID}: bit-identical ({A})"
