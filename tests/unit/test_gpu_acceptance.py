@@ -230,3 +230,21 @@ def _alive(pid: int) -> bool:
 def test_unknown_step_is_a_usage_error(tmp_path: Path) -> None:
     proc = _run(_host(tmp_path), "--only", "nope")
     assert proc.returncode == 2 and "steps are" in proc.stderr
+
+
+@pytest.mark.parametrize(("release", "passes", "says"), [
+    ("13.0", True, "1 passed"),
+    ("13.1", True, "nvcc is CUDA 13.1, torch was built for CUDA 13.0: a minor mismatch"),
+    ("12.8", False, "the majors differ"),
+])
+def test_devel_toolkit_fails_on_another_major_and_warns_on_another_minor(release: str, passes: bool, says: str,
+                                                                         tmp_path: Path) -> None:
+    """smoke_tests/test_devel.py's toolkit check off the image, as torch.utils.cpp_extension judges
+    nvcc against torch's CUDA (13.0 here): another major refuses, another minor only warns."""
+    env = _host(tmp_path, nvcc=release)
+    ext = tmp_path / "pkgs" / "torch" / "utils" / "cpp_extension.py"
+    ext.write_text("import os\nCUDA_HOME = os.environ.get('CUDA_HOME')\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", str(ROOT / "smoke_tests" / "pytest.ini"),
+                           "-p", "no:cacheprovider", str(ROOT / "smoke_tests" / "test_devel.py"), "-k", "toolkit",
+                           "-rA"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert (proc.returncode == 0) == passes and says in proc.stdout, proc.stdout
