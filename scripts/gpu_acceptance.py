@@ -133,10 +133,10 @@ def preflight(steps: Sequence[Step], python: str, unit_python: str,
     facts). Nothing runs before this."""
     modules = sorted({n for s in steps for n in s.needs if n not in gpu_preflight.NON_MODULES}
                      | set(gpu_preflight.OPTIONAL))
-    facts = gpu_preflight.probe(python, modules, env)
+    facts = gpu_preflight.probe(python, modules, env, timeout=45)  # inside PREFLIGHT_S with the one below
     unit_steps = [s.name for s in steps if s.argv[0] == "{unit_python}"]
     unit_facts = facts if unit_python == python else gpu_preflight.probe(
-        unit_python, sorted({n for s in steps if s.name in unit_steps for n in s.needs}), env, timeout=30)
+        unit_python, sorted({n for s in steps if s.name in unit_steps for n in s.needs}), env, timeout=15)
     needs = {s.name: s.needs for s in steps}
     problems, warnings, toolkit = gpu_preflight.check(needs, facts, unit_facts, unit_steps, env)
     per_step: dict[str, list[str]] = {s.name: [f"missing file {f}" for f in s.files if not (ROOT / f).is_file()]
