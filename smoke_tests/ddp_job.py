@@ -21,7 +21,8 @@ reported as skipped ("one GPU, NCCL transport not exercised") and the verdict is
 "skipped (one GPU)", never "passed".
 
 Rank 0 writes TensorBoard events to ``OUT/tb`` (none where TensorBoard is not
-installed: the result says so) and the result to ``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. With
+installed: the result says so) and the result to ``OUT/result.json``, and prints
+it as one ``PTMG_DDP_RESULT {json}`` line. With
 ``--node-out DIR`` each node's local rank 0 also writes ``DIR/node-<GROUP_RANK>.json``
 (host, ranks, its exit status): a result from every node of a multi-node job. Every
 rank exits non-zero when a check fails. A hung collective fails in bounded time:
