@@ -53,7 +53,7 @@ pictures: $(VENV)/.installed engine ## regenerate docs/img/ (screenshots + size 
 	$(PY) scripts/pictures.py $(ARGS)
 
 # The host's python (torch, Triton, pytest, nvcc), not the venv: no image, no Docker, no network.
-gpu-acceptance: ## every GPU check in one go on a bare GPU host, <= 10 min; report in $(OUT) or gpu-acceptance/ (ARGS="--dry-run")
+gpu-acceptance: ## every GPU check in one go on a bare GPU host, <= 540 s (one 10-min call); report in $(OUT) or gpu-acceptance/ (ARGS="--dry-run")
 	scripts/gpu-acceptance.sh $(ARGS)
 
 doctor: $(VENV)/.installed ## check this host: engine, BuildKit, disk, GPUs, driver per cell

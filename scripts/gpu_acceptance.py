@@ -5,10 +5,14 @@
     scripts/gpu-acceptance.sh --out DIR --python /opt/py/bin/python3
 
 It needs no Docker, no network and no image: the smoke tests run from this checkout with the host's
-python (torch, Triton, pytest; nvcc for the CUDA extension step). The whole run is bounded by
---budget (600 s): each step gets its own limit, capped by what is left. It writes
-``gpu-acceptance.json`` and ``gpu-acceptance.txt`` (what ran, what passed, what was skipped and why,
-the logs) and exits 0 only when every step passed.
+python (torch, Triton, pytest; ninja, g++, Python.h and nvcc for the compiling steps). Before any
+step, one preflight names every missing prerequisite and how to get it. The whole run is bounded
+by --budget (540 s: one 10-minute device call with room to start and copy back); the step limits
+add up within it, and a step past its limit is killed with every process it started (torchrun's
+session and its ranks included). ``gpu-acceptance.json`` and ``gpu-acceptance.txt`` (what ran, what
+passed, what was skipped and why, each step's log) are rewritten after every step, so a run cut off
+still says what passed; it exits 0 only when every step passed (an optional step not run for want
+of a prerequisite aside).
 
 Standard library only: it must start on a host that has nothing of this project installed.
 """
@@ -16,11 +20,11 @@ Standard library only: it must start on a host that has nothing of this project 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import contextlib
 import json
 import os
 import platform
-import shutil
+import shlex
 import subprocess
 import sys
 import time
@@ -32,22 +36,30 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = ROOT / "smoke_tests"
-BUDGET_S = 600.0
+sys.path.insert(0, str(ROOT / "scripts"))
+import gpu_preflight  # noqa: E402 - beside this file
+
+#: One device call is 10 minutes; the run keeps 60 s of it for starting up and copying results.
+BUDGET_S = 540.0
+PREFLIGHT_S = 60.0  # the probe imports torch once; the rest of the budget is the steps'
 REPORT = "gpu-acceptance"
+#: What the GPU-path unit tests import through builder/ (its dependencies, not a GPU host's).
+UNIT_MODULES = ("pytest", "yaml", "jinja2", "docker", "requests", "packaging")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One check: a command run from the checkout, the modules it imports, what it needs on PATH."""
+    """One check: a command run from the checkout, and what it needs (modules of its python, tools on
+    PATH, and gpu_preflight's names: "nvcc", "Python.h", "triton-cache", "gpu")."""
 
     name: str
     what: str
     argv: tuple[str, ...]  # "{python}", "{unit_python}" and "{out}" are filled in
     timeout_s: float
-    imports: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
     files: tuple[str, ...] = ()  # relative to the checkout
-    tools: tuple[str, ...] = ()  # executables that must resolve (nvidia-smi, nvcc)
     junit: bool = False  # a pytest run: counts come from its JUnit XML
+    optional: bool = False  # not run for want of a prerequisite: reported, but not a failure of the run
 
 
 def _pytest(python: str, name: str, *args: str) -> tuple[str, ...]:
@@ -55,29 +67,32 @@ def _pytest(python: str, name: str, *args: str) -> tuple[str, ...]:
             "--junitxml", f"{{out}}/junit/{name}.xml", *args)
 
 
+TORCH = ("torch", "pytest", "gpu")
 STEPS: tuple[Step, ...] = (
     Step("nvidia-smi", "the host's GPUs: index, model, compute capability, driver, MIG mode",
          ("nvidia-smi", "--query-gpu=index,uuid,name,compute_cap,driver_version,mig.mode.current",
-          "--format=csv,noheader"), 30, tools=("nvidia-smi",)),
-    Step("gpu-path-unit", "the GPU-path unit tests (fake nvidia-smi and torch: the rules before the GPU)",
+          "--format=csv,noheader"), 15, needs=("nvidia-smi",)),
+    Step("gpu-path-unit", "the GPU-path unit tests (fake nvidia-smi and torch: the rules before the GPU); "
+         "they need the builder's own dependencies, so a bare host may not run them",
          ("{unit_python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
           "--junitxml", "{out}/junit/gpu-path-unit.xml", "tests/unit/test_gpu_path.py",
-          "tests/unit/test_gpu_first_contact.py"), 120,
-         imports=("pytest", "yaml", "jinja2"), files=("tests/unit/test_gpu_path.py",
-                                                      "tests/unit/test_gpu_first_contact.py"), junit=True),
+          "tests/unit/test_gpu_first_contact.py"), 45,
+         needs=UNIT_MODULES, files=("tests/unit/test_gpu_path.py", "tests/unit/test_gpu_first_contact.py"),
+         junit=True, optional=True),
     Step("gpu", "CUDA, a kernel, cuDNN conv2d and the arch list on every GPU (each in a child process)",
-         _pytest("{python}", "gpu", str(SMOKE / "test_gpu.py"), "--require-gpu"), 120,
-         imports=("torch", "pytest"), files=("smoke_tests/test_gpu.py",), junit=True),
+         _pytest("{python}", "gpu", str(SMOKE / "test_gpu.py"), "--require-gpu"), 75,
+         needs=TORCH, files=("smoke_tests/test_gpu.py",), junit=True),
     Step("compile", "torch.compile on CPU and on the GPU (Inductor, Triton)",
-         _pytest("{python}", "compile", str(SMOKE / "test_compile.py"), "--require-gpu"), 150,
-         imports=("torch", "triton", "pytest"), files=("smoke_tests/test_compile.py",), junit=True),
+         _pytest("{python}", "compile", str(SMOKE / "test_compile.py"), "--require-gpu"), 110,
+         needs=(*TORCH, "triton", "g++", "Python.h", "triton-cache"), files=("smoke_tests/test_compile.py",),
+         junit=True),
     Step("cpp-extension", "torch.utils.cpp_extension.load_inline of a CUDA kernel built by nvcc, run on GPU 0",
-         _pytest("{python}", "cpp-extension", str(SMOKE / "test_devel.py"), "--require-gpu"), 180,
-         imports=("torch", "pytest"), files=("smoke_tests/test_devel.py",), tools=("nvcc",), junit=True),
+         _pytest("{python}", "cpp-extension", str(SMOKE / "test_devel.py"), "--require-gpu"), 120,
+         needs=(*TORCH, "ninja", "g++", "Python.h", "nvcc"), files=("smoke_tests/test_devel.py",), junit=True),
     Step("ddp-nccl", "the DDP job with NCCL on every GPU, its checks and the all-reduce busbw table",
          _pytest("{python}", "ddp-nccl", str(SMOKE / "test_ddp.py"), "--require-gpu", "--smoke-out",
-                 "{out}/ddp"), 240,
-         imports=("torch", "pytest"), files=("smoke_tests/test_ddp.py", "smoke_tests/ddp_job.py"), junit=True),
+                 "{out}/ddp", "--ddp-timeout", "100"), 115,
+         needs=TORCH, files=("smoke_tests/test_ddp.py", "smoke_tests/ddp_job.py"), junit=True),
 )
 
 
@@ -86,7 +101,9 @@ class Outcome:
     name: str
     what: str
     argv: list[str]
-    status: str  # passed | failed | timed out | not run (budget) | not run (missing)
+    status: str  # passed | failed | timed out | not run (budget) | not run (missing) | not run yet
+    timeout_s: float = 0.0
+    optional: bool = False
     rc: int | None = None
     seconds: float = 0.0
     tests: dict[str, int] = field(default_factory=dict)
@@ -95,44 +112,83 @@ class Outcome:
     log: str = ""
 
 
-def resolve_tool(name: str, env: dict[str, str]) -> str | None:
-    if name == "nvcc":
-        home = env.get("CUDA_HOME") or env.get("CUDA_PATH") or "/usr/local/cuda"
-        candidate = Path(home) / "bin" / "nvcc"
-        if candidate.is_file() and os.access(candidate, os.X_OK):
-            return str(candidate)
-    return shutil.which(name, path=env.get("PATH"))
-
-
-def module_missing(python: str, modules: Sequence[str], env: dict[str, str]) -> list[str]:
-    """The modules of ``modules`` that ``python`` can't find (found by spec: nothing is imported)."""
-    if not modules:
-        return []
-    if python == sys.executable:
-        return [m for m in modules if importlib.util.find_spec(m) is None]
-    code = ("import importlib.util, sys; "
-            "print(' '.join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))")
-    proc = subprocess.run([python, "-c", code, *modules], capture_output=True, text=True, timeout=60, env=env,
-                          check=False)
-    return proc.stdout.split() if proc.returncode == 0 else list(modules)
-
-
 def fill(argv: Sequence[str], python: str, unit_python: str, out: Path) -> list[str]:
     return [a.replace("{python}", python).replace("{unit_python}", unit_python).replace("{out}", str(out))
             for a in argv]
 
 
-def preflight(step: Step, python: str, unit_python: str, env: dict[str, str]) -> list[str]:
-    """What keeps ``step`` from running here: a missing file, tool, interpreter or module."""
-    problems = [f"missing file {f}" for f in step.files if not (ROOT / f).is_file()]
-    problems += [f"{t} not found (PATH{', CUDA_HOME' if t == 'nvcc' else ''})" for t in step.tools
-                 if resolve_tool(t, env) is None]
-    interpreter = unit_python if step.argv[0] == "{unit_python}" else python
-    if step.argv[0].startswith("{"):
-        if not (shutil.which(interpreter) or Path(interpreter).is_file()):
-            return [*problems, f"python {interpreter} not found"]
-        problems += [f"{interpreter} can't import {m}" for m in module_missing(interpreter, step.imports, env)]
-    return problems
+def step_env(python: str) -> dict[str, str]:
+    """The steps' environment: the python's own bin folder first on PATH, as an activated venv has it
+    (a pip-installed ninja lands there, and torch runs `ninja` from PATH)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    bindir = os.path.dirname(python)
+    if bindir and bindir not in env.get("PATH", "").split(os.pathsep):
+        env["PATH"] = os.pathsep.join([bindir, *([env["PATH"]] if env.get("PATH") else [])])
+    return env
+
+
+def preflight(steps: Sequence[Step], python: str, unit_python: str,
+              env: dict[str, str]) -> tuple[dict[str, list[str]], list[str], dict[str, Any]]:
+    """Every missing prerequisite of every step, at once: ({step: its problems}, warnings, the host's
+    facts). Nothing runs before this."""
+    modules = sorted({n for s in steps for n in s.needs if n not in gpu_preflight.NON_MODULES}
+                     | set(gpu_preflight.OPTIONAL))
+    facts = gpu_preflight.probe(python, modules, env, timeout=45)  # inside PREFLIGHT_S with the one below
+    unit_steps = [s.name for s in steps if s.argv[0] == "{unit_python}"]
+    unit_facts = facts if unit_python == python else gpu_preflight.probe(
+        unit_python, sorted({n for s in steps if s.name in unit_steps for n in s.needs}), env, timeout=15)
+    needs = {s.name: s.needs for s in steps}
+    problems, warnings, toolkit = gpu_preflight.check(needs, facts, unit_facts, unit_steps, env)
+    per_step: dict[str, list[str]] = {s.name: [f"missing file {f}" for f in s.files if not (ROOT / f).is_file()]
+                                      for s in steps}
+    for p in problems:
+        for name in p.steps:
+            per_step[name].append(p.line())
+    host = {k: facts.get(k) for k in ("python", "executable", "torch", "cuda", "gpus", "torch_error", "error")
+            if facts.get(k) is not None}
+    host.update({"host": platform.node(), "platform": platform.platform(), "python_path": python,
+                 "unit_python": unit_python, "cuda_home": toolkit.get("cuda_home"),
+                 "nvcc": toolkit.get("nvcc"), "nvcc_release": toolkit.get("nvcc_release"),
+                 "missing_modules": facts.get("missing", [])})
+    return per_step, warnings, host
+
+
+def kill_tree(pid: int) -> None:
+    """Kill ``pid``, every process below it, and every process of their sessions: torchrun starts its
+    own session (run_ddp), and its ranks outlive a kill of the step's process group alone."""
+    for _ in range(5):
+        procs = _processes()
+        tree, sessions = {pid}, set()
+        grew = True
+        while grew:
+            below = {p for p, (ppid, _sid) in procs.items() if ppid in tree} - tree
+            tree |= below
+            grew = bool(below)
+        sessions = {procs[p][1] for p in tree if p in procs} - {os.getsid(0)}
+        victims = tree | {p for p, (_ppid, sid) in procs.items() if sid in sessions}
+        victims = {p for p in victims if p in procs and p != os.getpid()}
+        if not victims:
+            return
+        for victim in victims:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(victim, 9)
+        time.sleep(0.2)
+
+
+def _processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every live (not zombie) process, from /proc."""
+    found: dict[int, tuple[int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="utf-8", errors="replace") as fh:
+                fields = fh.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":  # after the name: state, ppid, pgrp, session
+            found[int(entry)] = (int(fields[1]), int(fields[3]))
+    return found
 
 
 def junit_counts(path: Path) -> tuple[dict[str, int], list[str], list[str]]:
@@ -155,26 +211,20 @@ def junit_counts(path: Path) -> tuple[dict[str, int], list[str], list[str]]:
     return counts, skipped, failed
 
 
-def run_step(step: Step, python: str, unit_python: str, out: Path, env: dict[str, str], left_s: float) -> Outcome:
-    argv = fill(step.argv, python, unit_python, out)
-    result = Outcome(step.name, step.what, argv, "failed")
-    problems = preflight(step, python, unit_python, env)
-    if problems:
-        result.status, result.failures = "not run (missing)", problems
-        return result
-    limit = min(step.timeout_s, left_s)
-    if limit < 5:
-        result.status = "not run (budget)"
-        return result
+def run_step(step: Step, argv: list[str], out: Path, env: dict[str, str], limit: float) -> Outcome:
+    """Run one step within ``limit`` seconds, its whole output in OUT/logs/STEP.log."""
+    result = Outcome(step.name, step.what, argv, "failed", limit, step.optional)
     log = out / "logs" / f"{step.name}.log"
     result.log = str(log)
     t0 = time.monotonic()
     with open(log, "w", encoding="utf-8") as fh:
+        fh.write(f"$ {shlex.join(argv)}    # limit {limit:g} s\n")
+        fh.flush()
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             result.rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
+            kill_tree(proc.pid)
             proc.wait()
             result.status = "timed out"
     result.seconds = round(time.monotonic() - t0, 1)
@@ -185,30 +235,20 @@ def run_step(step: Step, python: str, unit_python: str, out: Path, env: dict[str
         result.status = "passed" if result.rc == 0 else "failed"
         if result.rc == 0 and step.junit and not result.tests.get("passed"):
             result.status, result.failures = "failed", ["pytest reported no passed test"]
-    if result.status == "failed" and not result.failures:
+    if result.status != "passed" and not result.failures:
         result.failures = log.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
     return result
 
 
-def host_facts(python: str, env: dict[str, str]) -> dict[str, Any]:
-    code = ("import json, sys\ntry:\n import torch\n d = {'torch': torch.__version__, 'cuda': torch.version.cuda, "
-            "'gpus': torch.cuda.device_count() if torch.cuda.is_available() else 0}\nexcept Exception as e:\n"
-            " d = {'torch': None, 'error': repr(e)}\nd['python'] = sys.version.split()[0]\nprint(json.dumps(d))")
-    try:
-        proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
-        facts: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as exc:
-        facts = {"error": repr(exc)}
-    facts.update({"host": platform.node(), "python_path": python, "platform": platform.platform()})
-    return facts
-
-
 def text_report(report: dict[str, Any]) -> str:
     lines = [f"GPU acceptance run: {report['verdict'].upper()} ({report['wall_s']} s of {report['budget_s']:g} s)",
-             f"host: {json.dumps(report['host'], sort_keys=True)}", ""]
+             f"host: {json.dumps(report['host'], sort_keys=True)}"]
+    lines += [f"warning: {w}" for w in report["warnings"]] + [""]
     for s in report["steps"]:
         counts = ", ".join(f"{k} {v}" for k, v in s["tests"].items())
-        lines.append(f"[{s['status']}] {s['name']} ({s['seconds']} s){': ' + counts if counts else ''}: {s['what']}")
+        optional = " (optional)" if s["optional"] else ""
+        lines.append(f"[{s['status']}] {s['name']}{optional} ({s['seconds']} s of {s['timeout_s']:g})"
+                     f"{': ' + counts if counts else ''}: {s['what']}")
         lines += [f"    skipped {x}" for x in s["skipped"]]
         lines += [f"    {x}" for x in s["failures"]]
         if s["log"]:
@@ -216,19 +256,58 @@ def text_report(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dry_run(steps: Sequence[Step], python: str, unit_python: str, out: Path, env: dict[str, str]) -> int:
-    problems_total = 0
-    for step in steps:
-        problems = preflight(step, python, unit_python, env)
-        problems_total += len(problems)
-        print(f"[{'ok' if not problems else 'MISSING'}] {step.name}: {step.what}")
-        print(f"    {' '.join(fill(step.argv, python, unit_python, out))}")
-        for p in problems:
-            print(f"    missing: {p}")
+def verdict(outcomes: Sequence[Outcome]) -> str:
+    """passed when every step passed, an optional one not run for a missing prerequisite aside."""
+    bad = [o for o in outcomes if o.status != "passed" and not (o.optional and o.status == "not run (missing)")]
+    return "passed" if outcomes and not bad else "failed"
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """OUT/gpu-acceptance.{json,txt}, each written whole (after every step: a cut-off run keeps what passed)."""
+    for suffix, text in (("json", json.dumps(report, indent=2) + "\n"), ("txt", text_report(report))):
+        tmp = out / f"{REPORT}.{suffix}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out / f"{REPORT}.{suffix}")
+
+
+def limits(steps: Sequence[Step], budget: float) -> dict[str, float]:
+    """Each step's limit: its own, scaled down when the steps' sum would pass the budget less the preflight."""
+    room = max(budget - PREFLIGHT_S, 0.0)
     total = sum(s.timeout_s for s in steps)
-    print(f"{len(steps)} steps, limits {total:g} s in all, capped at the run's budget; "
-          f"{'ready' if not problems_total else f'{problems_total} problem(s)'}")
-    return 0 if not problems_total else 1
+    scale = min(1.0, room / total) if total else 1.0
+    return {s.name: round(s.timeout_s * scale, 1) for s in steps}
+
+
+def command_line(a: argparse.Namespace, unit_python: str, out: Path) -> list[str]:
+    """The exact command that runs what this dry run describes."""
+    argv = [a.python, str(Path(__file__).resolve()), "--python", a.python, "--unit-python", unit_python,
+            "--out", str(out), "--budget", f"{a.budget:g}"]
+    return argv + [x for name in a.only for x in ("--only", name)]
+
+
+def dry_run(a: argparse.Namespace, steps: Sequence[Step], unit_python: str, out: Path, env: dict[str, str]) -> int:
+    per_step, warnings, host = preflight(steps, a.python, unit_python, env)
+    step_limits = limits(steps, a.budget)
+    print(f"command: {shlex.join(command_line(a, unit_python, out))}")
+    print(f"time limit: {a.budget:g} s in all ({PREFLIGHT_S:g} s preflight, the steps {sum(step_limits.values()):g} s)")
+    print(f"report: {out / (REPORT + '.json')} and {out / (REPORT + '.txt')}, rewritten after every step")
+    print(f"logs: {out / 'logs'}/STEP.log (each step's whole output); JUnit: {out / 'junit'}/STEP.xml")
+    print(f"python: {a.python} ({host.get('python', '?')}; torch {host.get('torch')}, CUDA {host.get('cuda')}, "
+          f"{host.get('gpus', 0)} GPU(s)); CUDA_HOME={host.get('cuda_home')} (as torch resolves it), "
+          f"nvcc {host.get('nvcc_release')}")
+    blocking = 0
+    for step in steps:
+        problems = per_step[step.name]
+        blocking += len(problems) if not step.optional else 0
+        tag = "ok" if not problems else ("MISSING, optional" if step.optional else "MISSING")
+        print(f"[{tag}] {step.name} ({step_limits[step.name]:g} s): {step.what}")
+        print(f"    {shlex.join(fill(step.argv, a.python, unit_python, out))}")
+        for problem in problems:
+            print(f"    missing: {problem}")
+    for w in warnings:
+        print(f"warning: {w}")
+    print(f"{len(steps)} steps; {'ready' if not blocking else f'{blocking} missing prerequisite(s)'}")
+    return 0 if not blocking else 1
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -237,9 +316,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="report folder (default $OUT, else ./gpu-acceptance)")
     p.add_argument("--python", default=sys.executable, help="the python with torch, Triton and pytest")
     p.add_argument("--unit-python", default=None,
-                   help="the python for the unit tests (needs PyYAML and Jinja2; default: .venv/bin/python when "
-                        "there is one, else --python)")
-    p.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for the whole run (default 600)")
+                   help="the python for the GPU-path unit tests (the builder's dependencies: PyYAML, Jinja2, "
+                        "docker, requests; default: .venv/bin/python when there is one, else --python)")
+    p.add_argument("--budget", type=float, default=BUDGET_S,
+                   help=f"seconds for the whole run (default {BUDGET_S:g}: one 10-minute device call with room)")
     p.add_argument("--only", action="append", default=[], metavar="STEP", help="run only these steps (repeatable)")
     p.add_argument("--dry-run", action="store_true", help="check what can be checked without a GPU, run nothing")
     return p.parse_args(argv)
@@ -255,30 +335,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = [s for s in STEPS if not a.only or s.name in a.only]
     venv = ROOT / ".venv" / "bin" / "python"
     unit_python = a.unit_python or (str(venv) if venv.is_file() else a.python)
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    env = step_env(a.python)
     out = a.out.resolve()
     if a.dry_run:
-        return dry_run(steps, a.python, unit_python, out, env)
+        return dry_run(a, steps, unit_python, out, env)
     for sub in ("logs", "junit"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    host = host_facts(a.python, env)  # inside the budget: it imports torch once
-    outcomes = []
-    for step in steps:
+    per_step, warnings, host = preflight(steps, a.python, unit_python, env)  # before any step: all at once
+    for line in sorted({p for ps in per_step.values() for p in ps}):
+        print(f"gpu-acceptance: missing: {line}", file=sys.stderr)
+    for w in warnings:
+        print(f"gpu-acceptance: warning: {w}", file=sys.stderr)
+    step_limits = limits(steps, a.budget)
+    outcomes = [Outcome(s.name, s.what, fill(s.argv, a.python, unit_python, out), "not run yet",
+                        step_limits[s.name], s.optional) for s in steps]
+
+    def report() -> dict[str, Any]:
+        return {"schema": 2, "verdict": verdict(outcomes) if all(o.status != "not run yet" for o in outcomes)
+                else "incomplete", "budget_s": a.budget, "wall_s": round(time.monotonic() - t0, 1), "host": host,
+                "warnings": warnings, "steps": [asdict(o) for o in outcomes]}
+
+    write_report(out, report())
+    for i, step in enumerate(steps):
         left = a.budget - (time.monotonic() - t0)
-        print(f"gpu-acceptance: {step.name} ({left:.0f} s left) ...", file=sys.stderr, flush=True)
-        outcomes.append(run_step(step, a.python, unit_python, out, env, left))
-        print(f"gpu-acceptance: {step.name}: {outcomes[-1].status}", file=sys.stderr, flush=True)
-    ok = all(o.status == "passed" for o in outcomes)
-    report = {"schema": 1, "verdict": "passed" if ok else "failed", "budget_s": a.budget,
-              "wall_s": round(time.monotonic() - t0, 1), "host": host,
-              "steps": [asdict(o) for o in outcomes]}
-    for suffix, text in (("json", json.dumps(report, indent=2) + "\n"), ("txt", text_report(report))):
-        tmp = out / f"{REPORT}.{suffix}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / f"{REPORT}.{suffix}")
-    print(text_report(report), end="")
-    return 0 if ok else 1
+        limit = min(step_limits[step.name], left)
+        if per_step[step.name]:
+            outcomes[i].status, outcomes[i].failures = "not run (missing)", per_step[step.name]
+        elif limit < 5:
+            outcomes[i].status = "not run (budget)"
+        else:
+            print(f"gpu-acceptance: {step.name} (limit {limit:.0f} s, {left:.0f} s left) ...", file=sys.stderr,
+                  flush=True)
+            outcomes[i] = run_step(step, outcomes[i].argv, out, env, limit)
+        print(f"gpu-acceptance: {step.name}: {outcomes[i].status}", file=sys.stderr, flush=True)
+        write_report(out, report())
+    final = report()
+    print(text_report(final), end="")
+    return 0 if final["verdict"] == "passed" else 1
 
 
 if __name__ == "__main__":

@@ -20,8 +20,9 @@ At world size 1 the last three are trivially true (and busbw is 0), so they are
 reported as skipped ("one GPU, NCCL transport not exercised") and the verdict is
 "skipped (one GPU)", never "passed".
 
-Rank 0 writes TensorBoard events to ``OUT/tb`` and the result to
-``OUT/result.json``, and prints it as one ``PTMG_DDP_RESULT {json}`` line. With
+Rank 0 writes TensorBoard events to ``OUT/tb`` (none where TensorBoard is not
+installed: the result says so) and the result to ``OUT/result.json``, and prints
+it as one ``PTMG_DDP_RESULT {json}`` line. With
 ``--node-out DIR`` each node's local rank 0 also writes ``DIR/node-<GROUP_RANK>.json``
 (host, ranks, its exit status): a result from every node of a multi-node job. Every
 rank exits non-zero when a check fails. A hung collective fails in bounded time:
@@ -133,117 +134,106 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         dog.stop()
     if args.node_out and local_rank == 0:
-        write_node_result(args.node_out, node_result(rank, world_size, rc))
+        ddp_plan.write_node_result(args.node_out, ddp_plan.node_result(rank, world_size, rc))
     return rc
 
 
-def node_result(rank: int, world_size: int, rc: int) -> dict[str, Any]:
-    """What --node-out records for this node (torchrun's GROUP_RANK is the node's rank)."""
-    return {
-        "schema": 1,
-        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
-        "host": socket.gethostname(),
-        "rank": rank,  # the global rank of this node's local rank 0
-        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        "world_size": world_size,
-        "exit": rc,
-        "ok": rc == 0,
-    }
+class Phase:
+    """What the phases of one rank's run share: the arguments, the rank, torch and where tensors live."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
+                 progress: Progress) -> None:
+        import torch
+        import torch.distributed as dist
+
+        self.args, self.rank, self.local_rank, self.world_size = args, rank, local_rank, world_size
+        self.progress, self.mark, self.torch, self.dist = progress, progress.mark, torch, dist
+        self.gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        self.backend = args.backend if args.backend != "auto" else ("nccl" if self.gpus else "gloo")
+        self.device = self._device()
+        # NCCL: the job's watchdog fires before torch's NCCL watchdog would abort the process.
+        self.deadlines = ddp_watchdog.hang_deadlines(self.backend, args.timeout, args.phase_timeout)
+
+    def _device(self) -> Any:
+        torch, gpus = self.torch, self.gpus
+        if self.backend == "nccl" and not gpus:  # a GPU job never passes on CPU: say why there is no GPU
+            from smokelib import contract, driver_version, no_gpu_reason
+
+            cuda = torch.version.cuda
+            why = no_gpu_reason(torch.__version__, cuda, driver_version() if cuda else None,
+                                os.environ.get(contract.ENV_MIN_DRIVER, ""), os.environ)
+            raise RuntimeError("--backend nccl, but CUDA is not available to torch here (torch.cuda.is_available() "
+                               "is False): " + why)
+        kind = self.args.device if self.args.device != "auto" else ("cuda" if self.backend == "nccl" else "cpu")
+        if kind != "cuda":
+            torch.set_num_threads(1)  # N ranks share the host's cores
+            return torch.device("cpu")
+        if self.backend == "nccl" and self.local_rank >= gpus:
+            raise RuntimeError(f"local rank {self.local_rank} has no GPU of its own ({gpus} visible): NCCL needs "
+                               f"one GPU per rank; run at most {gpus} rank(s) per node")
+        index = ddp_plan.device_index(self.local_rank, gpus)
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
 
 
-def write_node_result(folder: str, info: dict[str, Any]) -> str:
-    """``folder/node-<node_rank>.json``, written whole or not at all."""
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"node-{info['node_rank']}.json")
-    with open(path + ".tmp", "w") as fh:
-        json.dump(info, fh, indent=2, sort_keys=True)
-    os.replace(path + ".tmp", path)
-    print(f"PTMG_DDP node {info['node_rank']} on {info['host']}: exit {info['exit']}, wrote {path}", flush=True)
-    return path
+def join(ph: Phase) -> list[str]:
+    """init_process_group, then every rank's host name (the job's hosts, in rank order)."""
+    torch, dist, rank = ph.torch, ph.dist, ph.rank
+    ph.progress.dog.phase("start", ph.deadlines.watchdog_s)
+    ph.mark("init_process_group")
+    dist.init_process_group(ph.backend, timeout=datetime.timedelta(seconds=ph.deadlines.collective_s))
+    ph.progress.attach()
+    assert dist.get_world_size() == ph.world_size and dist.get_rank() == rank
+
+    ph.mark("gather-hosts")
+    # Tensors, not all_gather_object: that pickles through NumPy on torch 2.0, and a
+    # NumPy ABI problem is test_env[numpy]'s to report, not a reason to skip the DDP checks.
+    name = socket.gethostname().encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
+    mine_host = torch.tensor(list(name), dtype=torch.uint8, device=ph.device)
+    all_hosts = [torch.empty_like(mine_host) for _ in range(ph.world_size)]
+    dist.all_gather(all_hosts, mine_host)
+    hosts = [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in all_hosts]
+    if rank == 0:
+        log(rank, f"world_size={ph.world_size} backend={ph.backend} device={ph.device} gpus_visible={ph.gpus} "
+                  f"hosts={hosts} torch={torch.__version__} watchdog={ph.deadlines.watchdog_s:g}s "
+                  f"collective_timeout={ph.deadlines.collective_s:g}s")
+    return hosts
 
 
-def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
-        progress: Progress) -> int:
-    import torch
-    import torch.distributed as dist
+def tensorboard_writer(out: str) -> tuple[Any, str]:
+    """Rank 0's SummaryWriter on ``out/tb``, or (None, why) where TensorBoard is not installed: the
+    job's checks don't need it (a bare GPU host may lack it; the image has it)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        return None, f"TensorBoard not installed ({exc}): no events written"
+    return SummaryWriter(log_dir=os.path.join(out, "tb")), ""
+
+
+def train(ph: Phase, writer: Any) -> tuple[Any, list[float], float]:
+    """The model, trained for --steps on synthetic data (identical on every rank, sharded by the
+    sampler): (the model, the global loss per step, seconds)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
 
-    t_start = time.monotonic()
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    backend = args.backend
-    if backend == "auto":
-        backend = "nccl" if gpus else "gloo"
-    if backend == "nccl" and not gpus:  # a GPU job never passes on CPU: say why there is no GPU
-        from smokelib import contract, driver_version, no_gpu_reason
-
-        cuda = torch.version.cuda
-        raise RuntimeError("--backend nccl, but CUDA is not available to torch here (torch.cuda.is_available() "
-                           "is False): " + no_gpu_reason(torch.__version__, cuda, driver_version() if cuda else None,
-                                                         os.environ.get(contract.ENV_MIN_DRIVER, ""), os.environ))
-    kind = args.device if args.device != "auto" else ("cuda" if backend == "nccl" else "cpu")
-    if kind == "cuda":
-        if backend == "nccl" and local_rank >= gpus:
-            raise RuntimeError(f"local rank {local_rank} has no GPU of its own ({gpus} visible): NCCL needs one "
-                               f"GPU per rank; run at most {gpus} rank(s) per node")
-        index = ddp_plan.device_index(local_rank, gpus)
-        torch.cuda.set_device(index)
-        device = torch.device("cuda", index)
-    else:
-        device = torch.device("cpu")
-        torch.set_num_threads(1)  # N ranks share the host's cores
-    # NCCL: the job's watchdog fires before torch's NCCL watchdog would abort the process.
-    deadlines = ddp_watchdog.hang_deadlines(backend, args.timeout, args.phase_timeout)
-    progress.dog.phase("start", deadlines.watchdog_s)
-
-    mark = progress.mark
-    mark("init_process_group")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=deadlines.collective_s))
-    progress.attach()
-    assert dist.get_world_size() == world_size and dist.get_rank() == rank
-
-    mark("gather-hosts")
-    # Tensors, not all_gather_object: that pickles through NumPy on torch 2.0, and a
-    # NumPy ABI problem is test_env[numpy]'s to report, not a reason to skip the DDP checks.
-    name = socket.gethostname().encode()[:HOST_BYTES].ljust(HOST_BYTES, b"\0")
-    mine_host = torch.tensor(list(name), dtype=torch.uint8, device=device)
-    all_hosts = [torch.empty_like(mine_host) for _ in range(world_size)]
-    dist.all_gather(all_hosts, mine_host)
-    hosts = [bytes(t.cpu().tolist()).rstrip(b"\0").decode("utf-8", "replace") for t in all_hosts]
-    if rank == 0:
-        log(rank, f"world_size={world_size} backend={backend} device={device} gpus_visible={gpus} "
-                  f"hosts={hosts} torch={torch.__version__} watchdog={deadlines.watchdog_s:g}s "
-                  f"collective_timeout={deadlines.collective_s:g}s")
-
-    # -- data and model: identical on every rank (same seed), sharded by the sampler
-    mark("setup")
+    torch, args, rank, device = ph.torch, ph.args, ph.rank, ph.device
+    ph.mark("setup")
     g = torch.Generator().manual_seed(args.seed)
     features = 16
     x = torch.randn(args.samples, features, generator=g)
     w_true = torch.randn(features, 1, generator=g)
     y = x @ w_true + 0.01 * torch.randn(args.samples, 1, generator=g)
     dataset = TensorDataset(x, y)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=True,
-                                 seed=args.seed)
+    sampler = DistributedSampler(dataset, num_replicas=ph.world_size, rank=rank, shuffle=True, seed=args.seed)
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, drop_last=True)
-
     torch.manual_seed(args.seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(features, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)
-    ).to(device)
+    model = torch.nn.Sequential(torch.nn.Linear(features, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1)).to(device)
     ddp = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
     loss_fn = torch.nn.MSELoss()
 
-    writer = None
-    if rank == 0:
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(log_dir=os.path.join(args.out, "tb"))
-
-    # -- training
-    mark("train")
+    ph.mark("train")
     losses: list[float] = []
     step, epoch = 0, 0
     t_train = time.monotonic()
@@ -258,15 +248,15 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
                     os._exit(3)
                 while True:  # hang: the other ranks wait for us in the next collective
                     time.sleep(3600)
-            mark("train", step)  # working on this step; resets the watchdog's deadline
+            ph.mark("train", step)  # working on this step; resets the watchdog's deadline
             inputs, targets = xb.to(device), yb.to(device)
             opt.zero_grad()
             loss = loss_fn(ddp(inputs), targets)
             loss.backward()
             opt.step()
             global_loss = loss.detach().clone()
-            dist.all_reduce(global_loss)  # the mean loss over all ranks, identical everywhere
-            value = global_loss.item() / world_size
+            ph.dist.all_reduce(global_loss)  # the mean loss over all ranks, identical everywhere
+            value = global_loss.item() / ph.world_size
             losses.append(value)
             if writer is not None:
                 writer.add_scalar("loss/train", value, step)
@@ -278,19 +268,25 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
         epoch += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    train_s = time.monotonic() - t_train
+    return model, losses, time.monotonic() - t_train
 
-    # -- parameters bitwise identical on every rank
-    mark("param-check")
+
+def params_check(ph: Phase, model: Any) -> tuple[bool, str]:
+    """(the parameters are bitwise identical on every rank, their sha256)."""
+    torch = ph.torch
+    ph.mark("param-check")
     flat = torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
     bits = flat.view(torch.int32)
-    gathered = [torch.empty_like(bits) for _ in range(world_size)]
-    dist.all_gather(gathered, bits)
-    params_identical = all(torch.equal(gathered[0], t) for t in gathered)
-    params_sha256 = hashlib.sha256(repr(bits.cpu().tolist()).encode()).hexdigest()
+    gathered = [torch.empty_like(bits) for _ in range(ph.world_size)]
+    ph.dist.all_gather(gathered, bits)
+    digest = hashlib.sha256(repr(bits.cpu().tolist()).encode()).hexdigest()
+    return all(torch.equal(gathered[0], t) for t in gathered), digest
 
-    # -- all-reduce of known values is exact
-    mark("allreduce-check")
+
+def allreduce_check(ph: Phase) -> bool:
+    """An all-reduce of known values (sum of ints and floats, max) gives the exact result."""
+    torch, dist, device, rank, world_size = ph.torch, ph.dist, ph.device, ph.rank, ph.world_size
+    ph.mark("allreduce-check")
     n = 4096
     ints = torch.arange(n, dtype=torch.int64, device=device) * (rank + 1)
     dist.all_reduce(ints)
@@ -301,40 +297,52 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
     floats_ok = bool((floats == float(tri)).all().item())
     maxes = torch.tensor([float(rank)], device=device)
     dist.all_reduce(maxes, op=dist.ReduceOp.MAX)
-    max_ok = maxes.item() == float(world_size - 1)
-    allreduce_exact = ints_ok and floats_ok and max_ok
+    return ints_ok and floats_ok and maxes.item() == float(world_size - 1)
 
+
+def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
+        progress: Progress) -> int:
+    t_start = time.monotonic()
+    ph = Phase(args, rank, local_rank, world_size, progress)
+    torch, dist = ph.torch, ph.dist
+    hosts = join(ph)
+    writer, no_tensorboard = tensorboard_writer(args.out) if rank == 0 else (None, "")
+    if no_tensorboard:
+        log(rank, no_tensorboard)
+    model, losses, train_s = train(ph, writer)
+    params_identical, params_sha256 = params_check(ph, model)
+    allreduce_exact = allreduce_check(ph)
     # -- all-reduce bandwidth by message size, the nccl-tests way
-    busbw, skipped_sizes, sizes = ddp_bench.measure(args, dist, torch, device, backend, world_size,
-                                                      deadlines.watchdog_s, mark)
+    busbw, skipped_sizes, sizes = ddp_bench.measure(args, dist, torch, ph.device, ph.backend, world_size,
+                                                      ph.deadlines.watchdog_s, ph.mark)
 
     # -- every rank's verdict, so one bad rank fails them all
-    mark("verdict")
+    ph.mark("verdict")
     decreased = ddp_plan.loss_decreased(losses)
-    checks = ddp_plan.ddp_checks(world_size, backend, loss_decreased=decreased, params_identical=params_identical,
+    checks = ddp_plan.ddp_checks(world_size, ph.backend, loss_decreased=decreased, params_identical=params_identical,
                                  allreduce_exact=allreduce_exact,
                                  busbw_measured=bool(busbw) if sizes and len(skipped_sizes) < len(sizes) else None)
-    mine = torch.tensor([int(ddp_plan.FAILED not in checks.values())], dtype=torch.int64, device=device)
+    mine = torch.tensor([int(ddp_plan.FAILED not in checks.values())], dtype=torch.int64, device=ph.device)
     dist.all_reduce(mine, op=dist.ReduceOp.MIN)
     ok = bool(mine.item())
-    verdict = ddp_plan.ddp_verdict(checks, world_size, backend) if ok else ddp_plan.FAILED
+    verdict = ddp_plan.ddp_verdict(checks, world_size, ph.backend) if ok else ddp_plan.FAILED
 
     if rank == 0:
-        mark("write-result")
-        assert writer is not None
-        writer.close()
+        ph.mark("write-result")
+        if writer is not None:
+            writer.close()
         result: dict[str, Any] = {
             "schema": 2,
             "ok": ok,
             "verdict": verdict,
             "checks": checks,
             "world_size": world_size,
-            "backend": backend,
-            "gpus_visible": gpus,
+            "backend": ph.backend,
+            "gpus_visible": ph.gpus,
             "nodes": len(set(hosts)),
             "hosts": hosts,
             "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", world_size)),
-            "device": str(device),
+            "device": str(ph.device),
             "torch": torch.__version__,
             "steps": len(losses),
             "steps_per_s": len(losses) / train_s if train_s > 0 else 0.0,
@@ -349,8 +357,9 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
                       "warmup": args.bench_warmup, "iters": args.bench_iters, "sizes": sizes,
                       "skipped_sizes": skipped_sizes,
                       "time": "mean per iteration, averaged over ranks (nccl-tests -a 1); slowest rank beside it"},
-            "deadlines": {"collective_s": deadlines.collective_s, "watchdog_s": deadlines.watchdog_s},
-            "tensorboard_dir": os.path.join(args.out, "tb"),
+            "deadlines": {"collective_s": ph.deadlines.collective_s, "watchdog_s": ph.deadlines.watchdog_s},
+            "tensorboard_dir": None if no_tensorboard else os.path.join(args.out, "tb"),
+            "tensorboard_missing": no_tensorboard,
             "wall_s": time.monotonic() - t_start,
         }
         os.makedirs(args.out, exist_ok=True)
@@ -358,14 +367,13 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
             json.dump(result, fh, indent=2)
         print(ddp_plan.RESULT_MARKER + json.dumps(result, sort_keys=True), flush=True)
 
-    mark("destroy")
+    ph.mark("destroy")
     dist.barrier()
     dist.destroy_process_group()
     if not ok:
         sys.stderr.write(f"PTMG_DDP rank {rank}: checks failed ({checks})\n")
         return 2
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -162,3 +164,28 @@ def find_result(text: str) -> dict[str, Any] | None:
         if isinstance(value, dict):
             found = value
     return found
+
+
+def node_result(rank: int, world_size: int, rc: int) -> dict[str, Any]:
+    """What --node-out records for this node (torchrun's GROUP_RANK is the node's rank)."""
+    return {
+        "schema": 1,
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+        "host": socket.gethostname(),
+        "rank": rank,  # the global rank of this node's local rank 0
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "world_size": world_size,
+        "exit": rc,
+        "ok": rc == 0,
+    }
+
+
+def write_node_result(folder: str, info: dict[str, Any]) -> str:
+    """``folder/node-<node_rank>.json``, written whole or not at all."""
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"node-{info['node_rank']}.json")
+    with open(path + ".tmp", "w") as fh:
+        json.dump(info, fh, indent=2, sort_keys=True)
+    os.replace(path + ".tmp", path)
+    print(f"PTMG_DDP node {info['node_rank']} on {info['host']}: exit {info['exit']}, wrote {path}", flush=True)
+    return path

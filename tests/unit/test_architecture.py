@@ -9,7 +9,7 @@
   the stages never reach back up to the command line;
 - no module over 400 lines (the project's rule), in builder/ and in every other Python file
   the project ships or runs (entrypoint/, smoke_tests/, imagebuild/, bench/, scripts/, the
-  contract, build.py): only tests/ is outside the rule;
+  contract, build.py): only tests/ is outside the rule; in the same files no function over 120;
 - the tree names capabilities, not the project's tickets: no ``#N`` issue reference in a tracked
   file (external citations as ``owner/repo#N`` are fine);
 - the label namespace (``io.pt-multi-gpu.``) is written once, in ptmg_contract.py: the code of
@@ -268,6 +268,31 @@ def test_no_module_is_over_400_lines() -> None:
     sizes = {path.relative_to(ROOT): len(path.read_text(encoding="utf-8").splitlines()) for path in sized_modules()}
     big = [f"{path}: {n} lines" for path, n in sorted(sizes.items()) if n > MAX_LINES]
     assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
+
+
+MAX_FUNCTION_LINES = 120
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int, int]]:
+    """(name, first line, lines) of every function or method of ``source`` over ``limit`` lines,
+    from its ``def`` to its last line (a nested function counts inside its parent, and alone)."""
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > limit]
+
+
+def test_the_function_measure_counts_from_def_to_the_last_line() -> None:
+    method = ["class A:", "    def long(self):", *(f"        x{i} = {i}" for i in range(120))]
+    short = ["def short():", *(f"    y{i} = {i}" for i in range(119))]
+    source = "\n".join([*method, *short]) + "\n"
+    assert long_functions(source) == [("long", 2, 121)]
+    assert long_functions(source, limit=121) == []
+
+
+def test_no_function_is_over_120_lines() -> None:
+    long = [f"{path.relative_to(ROOT)}:{line} {name}: {n} lines" for path in sized_modules()
+            for name, line, n in long_functions(path.read_text(encoding="utf-8"))]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them into their phases):\n" + "\n".join(long)
 
 
 # --- the image contract's literals ---------------------------------------------------------------
