@@ -27,8 +27,6 @@ def runtime(environ: Mapping[str, str] | None = None, exists: Callable[[str], bo
         name = "docker"
     elif env.get("KUBERNETES_SERVICE_HOST"):
         name = "kubernetes"
-    elif env.get("PYXIS_VERSION"):  # pyxis sets it in every container it starts
-        name = f"enroot under pyxis {env['PYXIS_VERSION']}"
     elif _enroot_rc(read("/etc/rc")):
         name = "enroot/pyxis (or another runtime of the enroot export)"
     else:
