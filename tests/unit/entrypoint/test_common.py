@@ -247,7 +247,7 @@ def test_write_json_atomic_writes_sorted_readable_json_with_its_folders(tmp_path
 def _no_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
     def missing(uid: int) -> None:
         raise KeyError(uid)
-    monkeypatch.setattr(common.pwd, "getpwuid", missing)
+    monkeypatch.setattr("pwd.getpwuid", missing)
 
 
 def test_a_uid_without_passwd_keeps_the_home_its_runtime_bound(monkeypatch: pytest.MonkeyPatch,
@@ -263,7 +263,7 @@ def test_a_uid_without_passwd_keeps_the_home_its_runtime_bound(monkeypatch: pyte
 def test_an_unusable_home_falls_back_to_a_private_temporary_one(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
     _no_passwd_entry(monkeypatch)
-    monkeypatch.setattr(common.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
     not_ours = tmp_path / "elsewhere"
     not_ours.mkdir()
     for home in ("", "relative", str(tmp_path / "missing"), "/"):
