@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -94,8 +96,9 @@ NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_weekone.py")
 #: Modules that run last, in this order. test_arm64's heavy work (the arm64 cell's emulated build
 #: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
 #: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
-#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done.
-RUN_LAST = ("test_arm64.py", "test_hpc_export.py")
+#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done;
+#: test_enroot runs the same squashfs (exported_sqsh), and enroot's own import of the image, after it.
+RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_enroot.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -195,6 +198,25 @@ def saved_image(built_cell: BuiltCell, docker_client: docker.DockerClient) -> Sa
 def test_image(built_cell: BuiltCell) -> str:
     """The image under test: a real CUDA cell from images.yaml ($PTMG_TEST_CELL), or $PTMG_TEST_IMAGE."""
     return built_cell.ref
+
+
+@pytest.fixture(scope="session")
+def exported_sqsh(test_image: str) -> Iterator[Path]:
+    """`build.py export --format sqsh` of the image under test, made once for the HPC runtimes that
+    run it (test_hpc_export: Charliecloud; test_enroot: enroot), in a private folder other uids can
+    traverse (they run as a stranger uid), deleted at the session's end (those modules run last)."""
+    folder = Path(tempfile.mkdtemp(prefix="ptmg-export-sqsh-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    out = folder / "image.sqsh"
+    try:
+        r = subprocess.run([sys.executable, str(cellimage.ROOT / "build.py"), "export", test_image, "--format",
+                            "sqsh", "-o", str(out)], cwd=cellimage.ROOT, capture_output=True, text=True,
+                           timeout=1800, check=False)
+        if r.returncode != 0:
+            pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
+        yield out
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 class TrackedContainers:

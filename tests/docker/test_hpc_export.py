@@ -80,17 +80,11 @@ def test_export_sif_is_a_sif_with_the_squashfs_inside(export_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sqsh(test_image: str, export_dir: Path) -> Iterator[Path]:
-    out = export_dir / "image.sqsh"
-    r = _export(test_image, "sqsh", out)
-    if r.returncode != 0:
-        pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
+def sqsh(exported_sqsh: Path) -> Path:
+    """The session's export (conftest.exported_sqsh; test_enroot runs it too)."""
     report = next((ROOT / "build-logs").glob("*.export-sqsh.json"), None)
     assert report is not None and '"sha256"' in report.read_text()
-    try:
-        yield out
-    finally:
-        out.unlink(missing_ok=True)
+    return exported_sqsh
 
 
 def test_export_has_the_enroot_files(sqsh: Path) -> None:
