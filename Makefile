@@ -13,6 +13,10 @@ DOCKER_MARKERS ?= not modern_engine
 PLATFORMS ?=
 PLATFORM_FLAG := $(if $(PLATFORMS),--platforms $(PLATFORMS))
 EMULATION := $(if $(filter-out native,$(PLATFORMS)),emulation)
+# Release sources of enroot and pyxis, which `scripts/ensure-tools.sh test` builds into /usr/local
+# (scripts/ensure-hpc-runtimes.sh): ../shared/thirdparty when that folder exists.
+PTMG_THIRDPARTY_DIR ?= $(abspath $(wildcard ../shared/thirdparty))
+export PTMG_THIRDPARTY_DIR
 
 .DEFAULT_GOAL := help
 .PHONY: help images test test-unit test-modern-engine mutants render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance

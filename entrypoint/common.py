@@ -270,6 +270,14 @@ class RunAs:
         return env
 
 
+def _own_home(path: str, uid: int) -> bool:
+    """An absolute folder, not /, that ``uid`` owns and can write: a HOME the runtime bound."""
+    try:
+        return os.path.isabs(path) and path != "/" and os.stat(path).st_uid == uid and os.access(path, os.W_OK)
+    except OSError:
+        return False
+
+
 def current_user() -> RunAs:
     uid, gid = os.geteuid(), os.getegid()
     try:
@@ -277,6 +285,10 @@ def current_user() -> RunAs:
         name, home = pw.pw_name, pw.pw_dir
     except KeyError:  # an arbitrary --user uid that has no passwd entry
         name, home = str(uid), ""
+    # enroot's home hook, Apptainer and Charliecloud bind the caller's HOME and set $HOME to it,
+    # for a uid the image's passwd does not know: that HOME is the user's (its ~/.local included).
+    if _own_home(os.environ.get("HOME", ""), uid):
+        home = os.environ["HOME"]
     if not home or not os.access(home, os.W_OK):
         home = f"{tempfile.gettempdir()}/pt-multi-gpu-home-{uid}"
         os.makedirs(home, mode=0o700, exist_ok=True)

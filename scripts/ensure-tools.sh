@@ -4,6 +4,7 @@
 #   scripts/ensure-tools.sh images          # what `make images` needs (debootstrap)
 #   scripts/ensure-tools.sh emulation       # qemu >= 10 for linux/arm64 cells, registered with binfmt_misc
 #   scripts/ensure-tools.sh export          # `build.py export`: squashfs-tools, siftool
+#   scripts/ensure-tools.sh hpc             # enroot + pyxis built from PTMG_THIRDPARTY_DIR (ensure-hpc-runtimes.sh)
 #   scripts/ensure-tools.sh test            # everything the docker test tier drives
 #
 # - As root on Debian: installs the missing packages with apt-get (qemu from bookworm-backports,
@@ -22,14 +23,18 @@ packages_for() {
         images) echo "debootstrap" ;;
         emulation) echo "qemu-user-static binfmt-support" ;;
         export) echo "squashfs-tools siftool" ;;
+        # enroot's build (libbsd-dev, makeself), pyxis's (libslurm-dev: 22.05, the test cluster's
+        # Slurm) and enroot's runtime dependencies (its Debian package's Depends and Suggests).
+        hpc) echo "libbsd-dev makeself libslurm-dev jq parallel squashfs-tools zstd bsdmainutils pigz"
+             echo "squashfuse fuse-overlayfs" ;;
         # docker-registry: publish tests; docker-compose: compose.yaml; openssh-client: SSH tests;
         # chromium: the browser test; slurm-wlm + munge: the Slurm tests; skopeo: multi-platform
         # publish; charliecloud-runtime + squashfuse + fuse-overlayfs: an HPC runtime runs the
         # exported squashfs unprivileged; the rest as for images, emulation and export.
         test) echo "debootstrap docker-registry docker-compose openssh-client chromium slurm-wlm munge skopeo"
               echo "charliecloud-runtime squashfuse fuse-overlayfs"
-              packages_for emulation; packages_for export ;;
-        *) say "unknown group '$1' (images, emulation, export, test)"; exit 2 ;;
+              packages_for emulation; packages_for export; packages_for hpc ;;
+        *) say "unknown group '$1' (images, emulation, export, hpc, test)"; exit 2 ;;
     esac
 }
 
@@ -50,10 +55,15 @@ fuse_for_users() {
 
 is_debian_root() { [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && [ -r /etc/debian_version ]; }
 
+# After the packages: enroot and pyxis from their release sources (does nothing when installed).
+hpc_runtimes() { $want_hpc && "$(dirname "$0")/ensure-hpc-runtimes.sh"; return 0; }
+
 missing=()
 want_qemu=false
+want_hpc=false
 for group in "$@"; do
     [ "$group" = test ] && fuse_for_users
+    case "$group" in hpc|test) want_hpc=true ;; esac
     for pkg in $(packages_for "$group"); do
         [ "$pkg" = qemu-user-static ] && want_qemu=true
         dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
@@ -65,6 +75,7 @@ if $want_qemu && [ "$(qemu_major)" -lt "$QEMU_MIN_MAJOR" ] && dpkg -s qemu-user-
 fi
 
 if [ ${#missing[@]} -eq 0 ] && ! $old_qemu; then
+    hpc_runtimes
     $want_qemu && exec "$(dirname "$0")/register-binfmt.sh"
     exit 0
 fi
@@ -73,6 +84,7 @@ if ! is_debian_root; then
     [ ${#missing[@]} -gt 0 ] && say "missing: ${missing[*]}; install them (Debian: apt-get install ${missing[*]}; qemu-user-static from bookworm-backports)"
     $old_qemu && say "qemu-user-static $(qemu_major).x is too old for torch under emulation; install >= $QEMU_MIN_MAJOR (Debian: apt-get install -t bookworm-backports qemu-user-static)"
     say "the tests that need them will fail and name the same fix"
+    hpc_runtimes
     exit 0
 fi
 
@@ -103,5 +115,6 @@ if $want_qemu && { $old_qemu || printf '%s\n' "${missing[@]}" | grep -qx qemu-us
         exit 1
     fi
 fi
+hpc_runtimes
 $want_qemu && exec "$(dirname "$0")/register-binfmt.sh"
 exit 0

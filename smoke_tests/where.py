@@ -27,7 +27,7 @@ def runtime(environ: Mapping[str, str] | None = None, exists: Callable[[str], bo
         name = "docker"
     elif env.get("KUBERNETES_SERVICE_HOST"):
         name = "kubernetes"
-    elif "enroot" in read("/etc/rc"):  # the export's command script (build.py export)
+    elif _enroot_rc(read("/etc/rc")):
         name = "enroot/pyxis (or another runtime of the enroot export)"
     else:
         name = "no container runtime recognised (a bare host or an unknown runtime)"
@@ -39,9 +39,15 @@ def runtime(environ: Mapping[str, str] | None = None, exists: Callable[[str], bo
     return ", ".join([name, *extra])
 
 
+def _enroot_rc(rc: str) -> bool:
+    """enroot's command script: the export's names enroot; what `enroot import` writes does not
+    (labels as comments, then a cd and `. /etc/rc.local`, which only enroot's scripts source)."""
+    return "enroot" in rc or ". /etc/rc.local" in rc
+
+
 def _read(path: str) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(4096)
+            return fh.read(65536)
     except OSError:
         return ""

@@ -10,10 +10,14 @@ excepted, and the run's summary names every skip with its reason.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -95,8 +99,9 @@ NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_weekone.py")
 #: Modules that run last, in this order. test_arm64's heavy work (the arm64 cell's emulated build
 #: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
 #: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
-#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done.
-RUN_LAST = ("test_arm64.py", "test_hpc_export.py")
+#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done;
+#: test_enroot runs the same squashfs (exported_sqsh), and enroot's own import of the image, after it.
+RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_enroot.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -199,6 +204,39 @@ def saved_image(built_cell: BuiltCell, docker_client: docker.DockerClient) -> Sa
 def test_image(built_cell: BuiltCell) -> str:
     """The image under test: a real CUDA cell from images.yaml ($PTMG_TEST_CELL), or $PTMG_TEST_IMAGE."""
     return built_cell.ref
+
+
+@pytest.fixture(scope="session")
+def exported_sqsh(test_image: str) -> Iterator[Path]:
+    """`build.py export --format sqsh` of the image under test, made once for the HPC runtimes that
+    run it (test_hpc_export: Charliecloud; test_enroot: enroot), in a private folder other uids can
+    traverse (they run as a stranger uid), deleted at the session's end (those modules run last)."""
+    folder = Path(tempfile.mkdtemp(prefix="ptmg-export-sqsh-", dir="/var/tmp"))
+    folder.chmod(0o755)
+    out = folder / "image.sqsh"
+    # The verb's report for this image (builder/cli/verbs/export.py: build-logs/<stem>.export-<format>.json,
+    # the stem from Context.one_image), removed first so an earlier run's cannot stand in for this one's.
+    report = cellimage.ROOT / "build-logs" / f"{test_image.replace('/', '_').replace(':', '-')}.export-sqsh.json"
+    report.unlink(missing_ok=True)
+    try:
+        r = subprocess.run([sys.executable, str(cellimage.ROOT / "build.py"), "export", test_image, "--format",
+                            "sqsh", "-o", str(out)], cwd=cellimage.ROOT, capture_output=True, text=True,
+                           timeout=1800, check=False)
+        if r.returncode != 0:
+            pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
+        digest = hashlib.sha256()
+        with out.open("rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        written = json.loads(report.read_text())
+        assert {k: written[k] for k in ("image", "format", "path", "size", "sha256")} == {
+            "image": test_image, "format": "sqsh", "path": str(out), "size": out.stat().st_size,
+            "sha256": digest.hexdigest()}, written
+        assert digest.hexdigest() in r.stdout, r.stdout  # the printed table names the same digest
+        yield out
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        report.unlink(missing_ok=True)
 
 
 class TrackedContainers:

@@ -15,8 +15,6 @@ arm64 cell's image and wheels are gone again.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import shutil
 import subprocess
@@ -82,29 +80,9 @@ def test_export_sif_is_a_sif_with_the_squashfs_inside(export_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def sqsh(test_image: str, export_dir: Path) -> Iterator[Path]:
-    out = export_dir / "image.sqsh"
-    # The verb's report for this image (builder/cli/verbs/export.py: build-logs/<stem>.export-<format>.json,
-    # the stem from Context.one_image), removed first so an earlier run's cannot stand in for this one's.
-    report = ROOT / "build-logs" / f"{test_image.replace('/', '_').replace(':', '-')}.export-sqsh.json"
-    report.unlink(missing_ok=True)
-    try:
-        r = _export(test_image, "sqsh", out)
-        if r.returncode != 0:
-            pytest.fail(f"build.py export failed:\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}", pytrace=False)
-        digest = hashlib.sha256()
-        with out.open("rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-        written = json.loads(report.read_text())
-        assert {k: written[k] for k in ("image", "format", "path", "size", "sha256")} == {
-            "image": test_image, "format": "sqsh", "path": str(out), "size": out.stat().st_size,
-            "sha256": digest.hexdigest()}, written
-        assert digest.hexdigest() in r.stdout, r.stdout  # the printed table names the same digest
-        yield out
-    finally:
-        out.unlink(missing_ok=True)
-        report.unlink(missing_ok=True)
+def sqsh(exported_sqsh: Path) -> Path:
+    """The session's export (conftest.exported_sqsh, which checks this run's report; test_enroot runs it too)."""
+    return exported_sqsh
 
 
 def test_export_has_the_enroot_files(sqsh: Path) -> None:

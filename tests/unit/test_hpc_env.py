@@ -107,6 +107,10 @@ def test_pip_hint_runs_pip_and_keeps_its_exit_code(tmp_path: Path) -> None:
 
 
 # --- the selftest's runtime name ------------------------------------------------------------
+ENROOT_IMPORT_RC = ("# org.opencontainers.image.title pt-multi-gpu x\n" * 200 + '\nmkdir -p "/workspace" 2> /dev/null\n'
+                    'cd "/workspace" && unset OLDPWD || exit 1\n\nif [ -s /etc/rc.local ]; then\n    . /etc/rc.local\nfi\n')
+
+
 @pytest.mark.parametrize(("env", "files", "rc", "want"), [
     ({"APPTAINER_CONTAINER": "/x.sif"}, {"/.dockerenv"}, "", "apptainer (/x.sif)"),
     ({"SINGULARITY_CONTAINER": "/y.sif"}, set(), "", "apptainer (/y.sif)"),
@@ -117,6 +121,9 @@ def test_pip_hint_runs_pip_and_keeps_its_exit_code(tmp_path: Path) -> None:
     ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, {"/.dockerenv"}, "", "docker, in a Kubernetes pod"),
     ({"SLURM_JOB_ID": "12"}, set(), "# enroot-provenance: docker://x", "enroot/pyxis"),
     ({"SLURM_JOB_ID": "12"}, set(), "", "no container runtime recognised"),
+    # What `enroot import docker://...` writes itself: the labels, no word "enroot" (seen in enroot 4.1.2).
+    ({}, set(), ENROOT_IMPORT_RC, "enroot"),
+    ({"SLURM_JOB_ID": "12"}, set(), ENROOT_IMPORT_RC, "enroot/pyxis"),  # pyxis leaves no variable in the task
 ])
 def test_selftest_names_its_runtime(env: dict[str, str], files: set[str], rc: str, want: str) -> None:
     got = where.runtime(env, exists=files.__contains__, read=lambda p: rc if p == "/etc/rc" else "")

@@ -241,3 +241,35 @@ def test_write_json_atomic_writes_sorted_readable_json_with_its_folders(tmp_path
     assert path.read_text() == '{\n  "a": [\n    3\n  ],\n  "b": 1\n}\n'
     assert json.loads(path.read_text()) == {"a": [3], "b": 1}
     assert stat.S_IMODE(path.stat().st_mode) == 0o644  # the healthcheck reads it as another user
+
+
+# --- the user the processes run as -------------------------------------------------------------
+def _no_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(uid: int) -> None:
+        raise KeyError(uid)
+    monkeypatch.setattr("pwd.getpwuid", missing)
+
+
+def test_a_uid_without_passwd_keeps_the_home_its_runtime_bound(monkeypatch: pytest.MonkeyPatch,
+                                                                tmp_path: Path) -> None:
+    """enroot's home hook (and Apptainer, Charliecloud) bind the caller's HOME and set $HOME; the
+    image has no passwd entry for that uid. Its own writable HOME stays: ~/.local, caches, dotfiles."""
+    _no_passwd_entry(monkeypatch)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    user = common.current_user()
+    assert user.home == str(tmp_path) and user.name == str(os.geteuid())
+
+
+def test_an_unusable_home_falls_back_to_a_private_temporary_one(monkeypatch: pytest.MonkeyPatch,
+                                                                 tmp_path: Path) -> None:
+    _no_passwd_entry(monkeypatch)
+    monkeypatch.setattr("tempfile.gettempdir", lambda: str(tmp_path))
+    not_ours = tmp_path / "elsewhere"
+    not_ours.mkdir()
+    for home in ("", "relative", str(tmp_path / "missing"), "/"):
+        monkeypatch.setenv("HOME", home)
+        assert common.current_user().home == f"{tmp_path}/pt-multi-gpu-home-{os.geteuid()}", home
+    if os.geteuid() == 0:  # a writable folder of another uid is not taken as this uid's HOME
+        os.chown(not_ours, 4242, 4242)
+        monkeypatch.setenv("HOME", str(not_ours))
+        assert common.current_user().home == f"{tmp_path}/pt-multi-gpu-home-{os.geteuid()}"
