@@ -83,7 +83,7 @@ PLAN: tuple[Target, ...] = (
     # The image without its entrypoint: the startup module's private HOME and noexec rule, pip's hint
     # (a Python script without .py; profile.sh is shell, which cosmic-ray cannot mutate: docs/testing.md).
     Target("entrypoint/ptmg_userenv.py", ("tests/unit/test_userenv.py",)),
-    Target("entrypoint/pip-hint", ("tests/unit/test_pip_hint.py", "tests/unit/test_hpc_env.py")),
+    Target("entrypoint/pip-hint", ("tests/unit/test_pip_hint.py",)),
     # The HPC export: the runtime files, the all-or-nothing write, the digest the verb reports.
     Target("builder/export/runtime_files.py", ("tests/unit/test_export.py",)),
     Target("builder/export/squash.py", ("tests/unit/test_export.py",)),

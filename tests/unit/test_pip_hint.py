@@ -138,3 +138,32 @@ def test_main_passes_pips_output_and_code_and_hints_only_on_failure(
         assert err.startswith("ERROR: ResolutionImpossible: torch==2.5.0 (constraint)\n")
         hinted = "pt-multi-gpu: this image pins torch==2.7.0" in err
         assert hinted == (code != 0), (code, err)
+
+
+def test_the_wrapper_as_a_command_hands_pip_exactly_its_arguments(tmp_path: Path) -> None:
+    """Run as `pip ...` is run: every argument after the program's own name reaches pip, none more."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    p = subprocess.run([sys.executable, str(ROOT / "entrypoint" / "pip-hint"), "--version"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 0 and p.stdout.startswith("pip "), (p.returncode, p.stdout[:300], p.stderr[-300:])
+
+
+def test_main_returns_only_after_all_of_pips_output_is_passed_on(
+        constraint: str, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """The pumps are waited for: a pump that starts late still passes every byte on before main returns."""
+
+    class LateThread(threading.Thread):
+        def run(self) -> None:
+            threading.Event().wait(0.3)
+            super().run()
+
+    monkeypatch.setenv("PIP_CONSTRAINT", constraint)
+    monkeypatch.setattr(pip_hint.threading, "Thread", LateThread)
+    monkeypatch.setattr(pip_hint.subprocess, "Popen", _Pip(1, False))
+    assert pip_hint.main(["install", "torch==2.5.0"]) == 1
+    out, err = capfd.readouterr()
+    assert out == "Collecting torch==2.5.0\n"
+    assert "pt-multi-gpu: this image pins torch==2.7.0" in err
