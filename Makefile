@@ -83,7 +83,8 @@ lint: $(VENV)/.installed ## ruff, mypy --strict and hadolint on every rendered D
 # (its session fixtures build, start and remove real images, registries and clusters).
 UNIT := $(PY) -m pytest -n auto tests/unit
 
-test-unit: $(VENV)/.installed ## unit tests only (no Docker; under a minute)
+test-unit: $(VENV)/.installed ## unit tests only (no Docker engine; a registry on loopback; a few minutes)
+	@scripts/ensure-tools.sh unit
 	$(UNIT) $(ARGS)
 
 test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real builds and containers

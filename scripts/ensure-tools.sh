@@ -5,6 +5,7 @@
 #   scripts/ensure-tools.sh emulation       # qemu >= 10 for linux/arm64 cells, registered with binfmt_misc
 #   scripts/ensure-tools.sh export          # `build.py export`: squashfs-tools, siftool
 #   scripts/ensure-tools.sh hpc             # enroot + pyxis built from PTMG_THIRDPARTY_DIR (ensure-hpc-runtimes.sh)
+#   scripts/ensure-tools.sh unit            # what the unit tier drives (docker-registry: a real registry, no engine)
 #   scripts/ensure-tools.sh test            # everything the docker test tier drives
 #
 # - As root on Debian: installs the missing packages with apt-get (qemu from bookworm-backports,
@@ -27,6 +28,8 @@ packages_for() {
         # Slurm) and enroot's runtime dependencies (its Debian package's Depends and Suggests).
         hpc) echo "libbsd-dev makeself libslurm-dev jq parallel squashfs-tools zstd bsdmainutils pigz"
              echo "squashfuse fuse-overlayfs" ;;
+        # The unit tier signs and verifies against a real registry on 127.0.0.1 (no Docker engine).
+        unit) echo "docker-registry" ;;
         # docker-registry: publish tests; docker-compose: compose.yaml; openssh-client: SSH tests;
         # chromium: the browser test; slurm-wlm + munge: the Slurm tests; skopeo: multi-platform
         # publish; charliecloud-runtime + squashfuse + fuse-overlayfs: an HPC runtime runs the
@@ -34,7 +37,7 @@ packages_for() {
         test) echo "debootstrap docker-registry docker-compose openssh-client chromium slurm-wlm munge skopeo"
               echo "charliecloud-runtime squashfuse fuse-overlayfs"
               packages_for emulation; packages_for export; packages_for hpc ;;
-        *) say "unknown group '$1' (images, emulation, export, hpc, test)"; exit 2 ;;
+        *) say "unknown group '$1' (images, emulation, export, hpc, unit, test)"; exit 2 ;;
     esac
 }
 
