@@ -128,7 +128,8 @@ def render_slurm(cfg: LaunchConfig) -> str:
         torchrun=slurm_torchrun(cfg),
         launcher=cfg.launcher,
         mounts=list(cfg.mounts),
-        pyxis_mounts=",".join(cfg.mounts),
+        # the job's directory first (the DDP job's record is copied there), then --mount's
+        pyxis_mounts=",".join((['"${PTMG_JOB_DIR}:${PTMG_JOB_DIR}"'] if not cfg.command else []) + list(cfg.mounts)),
         shm_size=cfg.shm_size,
         docker_env=" ".join(f"-e {k}" for k in passed),
         cell_file=contract.CELL_FILE,
