@@ -5,11 +5,13 @@ cell's code), and a GPU reached only by PTX JIT is warned about (the build toolk
 from __future__ import annotations
 
 import dataclasses
+import json
 import platform
 from pathlib import Path
 
 import pytest
 
+from builder.cli import main as cli
 from builder.host import doctor
 from builder.matrix import Matrix, platforms
 from tests.support import LATEST, MID, OLD, cell, small_matrix
@@ -45,6 +47,18 @@ def test_doctor_on_an_arm64_gpu_host_runs_the_arm64_cell_and_emulates_the_amd64_
     assert "linux/amd64" in amd.what and "x86_64 host" in amd.fix and "Grace" not in amd.fix
     # the cell model agrees: the same cells are emulated wherever asked
     assert not cell(matrix, ARM).emulated and cell(matrix, LATEST).emulated
+
+
+
+def test_on_an_arm64_host_the_files_meant_for_everyone_stay_the_same(matrix: Matrix, tmp_path: Path, aarch64: None,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """What is emulated here is the host's business; a job's image and the GPU runners' matrix are not."""
+    config = tmp_path / "m" / "images.yaml"
+    assert cli.main(["launch", "--config", str(config), "--only", ARM, "--target", "jobset", "--no-pin"]) == 0
+    assert f"image: pt-multi-gpu:{LATEST}\n" in capsys.readouterr().out  # the registry tag of both platforms
+    assert cli.main(["matrix", "--config", str(config), "--json", "--gpu-runners", "ptmg-sm90=9.0"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert ARM not in {r["name"] for r in rows} and LATEST in {r["name"] for r in rows}  # x86_64 runners
 
 
 def test_doctor_takes_the_host_platform_it_is_given(matrix: Matrix) -> None:

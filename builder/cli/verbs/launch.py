@@ -143,7 +143,7 @@ def run(ctx: Context) -> int:
     written: list[dict[str, Any]] = []
     for cell in ctx.cells:
         # Another platform's cell is <tag>-<arch> here, but its registry tag is the cell's tag (both platforms).
-        ref = a.image or (f"{cell.repository}:{cell.tag}" if cell.emulated else cell.ref)
+        ref = a.image or f"{cell.repository}:{cell.tag}"
         cfg = LaunchConfig(
             cell=cell.name,
             image=_pin(ctx, ref, a.no_pin or a.dry_run or bool(image_file), None if a.image else cell.ref),
