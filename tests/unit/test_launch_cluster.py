@@ -25,10 +25,13 @@ import pytest
 import yaml
 
 import builder.cli.main as cli
+import ptmg_contract as contract
 from builder.launch import LaunchError, config, kubernetes, render, slurm
+from builder.smoke import results
 from builder.smoke import torchrun as torchrun_mod
 from tests.support import write_matrix
 from tests.unit.test_launch import CELL, FAKES, assert_valid, cfg, fake_bin, for_launcher, run_sbatch
+from tests.unit.test_smoke_logic import sample_result
 
 __all__ = ["fake_bin"]  # the fixture, used by name
 
@@ -97,6 +100,20 @@ def test_each_nodes_task_gets_the_cores_and_labels_its_output(launcher: str, fak
     assert rc == 0, stderr
     srun = next(ln for ln in lines if ln.startswith("srun ")).split(" bash -c ")[0].split()
     assert "--label" in srun and "--cpus-per-task=12" in srun, srun
+
+
+def test_the_result_line_is_read_whole_from_srun_labels_pieces() -> None:
+    """srun --label cuts a line longer than its buffer (the result line is a few KB) into pieces and
+    labels each: the job output's result is still found, and a piece of another task ends it."""
+    line = contract.DDP_RESULT_MARKER + json.dumps(sample_result(hosts=["node0"] * 200))
+    pieces = [line[i:i + 1024] for i in range(0, len(line), 1024)]
+    assert len(pieces) > 2
+    out = "\n".join(["0: [ptmg] node 0 of 2", *(f"0: {p}" for p in pieces), "1: [ptmg] done"])
+    r = results.find_ddp_result(["1: noise", out])
+    assert r is not None and r.ok and r.world_size == 4 and len(r.hosts) == 200
+    interleaved = "\n".join([f"0: {pieces[0]}", f"1: {pieces[1]}", *(f"0: {p}" for p in pieces[1:])])
+    assert results.find_ddp_result([interleaved]) is None  # never joined across tasks
+    assert results.find_ddp_result([line]) is not None  # without labels, as before
 
 
 def test_the_rendezvous_port_comes_from_the_job_id(fake_bin: Path, tmp_path: Path) -> None:
