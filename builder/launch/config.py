@@ -142,7 +142,8 @@ def resolve_image_file(text: str) -> str:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Everything a job definition depends on; validated by :meth:`check`."""
+    """Everything a job definition depends on, checked when it is made (a bad flag: LaunchError, exit 2);
+    the renderers take it as it is, and what is derived from it (the script, the sizes) is computed once."""
 
     cell: str
     image: ImagePin
