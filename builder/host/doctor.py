@@ -19,7 +19,7 @@ from builder.engine import (
     missing_builder,
 )
 from builder.imaging import supply
-from builder.matrix import ImageSpec
+from builder.matrix import ImageSpec, platforms
 from builder.smoke import gpufit
 from builder.smoke import gpus as gpus_mod
 
@@ -27,6 +27,9 @@ GB = 1000**3
 # A cold CUDA cell needs ~7 GB for its layers plus ~3 GB of wheels in the pip cache.
 NEED_PER_CELL = 7 * GB
 NEED_CACHE = 4 * GB
+#: Where a cell of each platform runs on GPUs natively.
+NATIVE_GPU_HOSTS = {"linux/amd64": "an x86_64 host", "linux/arm64": "an arm64 host (Grace Hopper GH200, Grace "
+                                                                   "Blackwell GB200)"}
 
 
 @dataclass(frozen=True)
@@ -71,16 +74,18 @@ def gpu_findings(gpus: Sequence[Gpu], env: Mapping[str, str]) -> list[Finding]:
 
 
 def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str,
-                  matrix_cells: Sequence[ImageSpec] | None = None) -> list[Finding]:
+                  matrix_cells: Sequence[ImageSpec] | None = None, host: str | None = None) -> list[Finding]:
     """Per cell: can this host run it on its GPUs (driver, compute capability)? Pure, so it is
-    unit-tested. ``matrix_cells``: every cell, to name those that would run (default ``cells``)."""
+    unit-tested. ``matrix_cells``: every cell, to name those that would run (default ``cells``);
+    ``host``: this host's platform (default: the machine's; linux/arm64 on a GH200 or GB200)."""
     out = []
-    for c in (c for c in cells if c.emulated):  # another architecture: qemu runs it, CPU only
-        out.append(Finding("warn", f"{c.name}: {c.platform} runs here under emulation only (CPU, much slower; "
-                                   "GPU checks are skipped)",
-                           f"to run it on GPUs: an {c.arch} host (e.g. Grace Hopper) with NVIDIA driver >= "
-                           f"{c.min_driver} and the NVIDIA Container Toolkit"))
-    cells = [c for c in cells if not c.emulated]
+    here = host or platforms.host_platform()
+    for c in (c for c in cells if c.emulated_on(here)):  # another architecture: qemu runs it, CPU only
+        out.append(Finding("warn", f"{c.name}: {c.platform} runs on this {here} host under emulation only (CPU, "
+                                   "much slower; GPU checks are skipped)",
+                           f"to run it on GPUs: {NATIVE_GPU_HOSTS.get(c.platform, f'a {c.platform} host')} with "
+                           f"NVIDIA driver >= {c.min_driver} and the NVIDIA Container Toolkit"))
+    cells = [c for c in cells if not c.emulated_on(here)]
     if not gpus:
         for c in cells:
             out.append(Finding("warn", f"{c.name}: no GPU here ({reason}); it builds and runs on CPU only, "
@@ -89,17 +94,17 @@ def cell_findings(cells: Sequence[ImageSpec], gpus: Sequence[Gpu], reason: str,
                                "NVIDIA Container Toolkit, then `docker run --gpus all ...`"))
         return out
     driver = gpus[0].driver
-    host = [g.host_gpu() for g in gpus]
+    on_host = [g.host_gpu() for g in gpus]
     every = matrix_cells if matrix_cells is not None else cells
     for c in cells:
-        refused = gpufit.refusal(c, every, host)
+        refused = gpufit.refusal(c, every, on_host, here)
         if not refused:
             caps = sorted({f"sm_{g.capability[0]}{g.capability[1]}" for g in gpus if g.capability})
             on = f" on {', '.join(caps)}" if caps else " (compute capability not reported: driver < 510)"
             out.append(Finding("ok", f"{c.name}: runs here (driver {driver} >= {c.min_driver} for CUDA {c.cuda}{on})"))
+            out += [Finding("warn", what, fix) for what, fix in gpufit.ptx_warnings(c, on_host)]
         else:
-            out.append(Finding("fail", refused, "use a cell that runs here; a driver too old: upgrade it to >= "
-                                                f"{c.min_driver}"))
+            out.append(Finding("fail", refused, gpufit.refusal_fix(c, on_host, here, every)))
     return out
 
 

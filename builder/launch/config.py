@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import ptmg_contract as contract
 from builder.common.errors import InputError
-from builder.smoke.torchrun import ddp_job_args
+from builder.smoke.torchrun import IN_CONTAINER_OUT, ddp_job_args
 
 TARGETS = ("slurm", "pytorchjob", "jobset")
 LAUNCHERS = ("pyxis", "apptainer", "docker", "native", "charliecloud")
@@ -18,9 +19,22 @@ LAUNCHERS = ("pyxis", "apptainer", "docker", "native", "charliecloud")
 IMAGE_FILE_SUFFIXES: Mapping[str, tuple[str, ...]] = {
     "pyxis": (".sqsh", ".squashfs"), "apptainer": (".sif",), "charliecloud": (".sqsh", ".squashfs")}
 IMAGE_FILE_RE = re.compile(r"^/[A-Za-z0-9_./@+=-]+$")
-#: How long every node waits at the rendezvous for the others (torchrun's join_timeout): node
-#: start-up skews by minutes when every node pulls or unpacks a multi-GB image.
+#: How long every node waits at the rendezvous for the others (torchrun's join_timeout, and the
+#: c10d store's read_timeout: a node up before the first one retries its connection that long):
+#: node start-up skews by minutes when every node pulls or unpacks a multi-GB image.
 JOIN_TIMEOUT_S = 600
+#: Slurm's rendezvous port when --rdzv-port is not given: RDZV_PORT_BASE + job id % RDZV_PORT_SPAN,
+#: so two jobs sharing a node rarely meet on one port; below Linux's ephemeral ports (32768-60999),
+#: which the kernel hands to outgoing connections.
+RDZV_PORT_BASE = 20000
+RDZV_PORT_SPAN = 10000
+#: Slurm's defaults for what each node's task may use: cores per rank (a GPU rank with its
+#: DataLoader workers; a CPU rank is one core) and memory per rank, besides /dev/shm.
+CPUS_PER_GPU_RANK = 4
+MEM_PER_GPU_RANK_G = 16
+MEM_PER_CPU_RANK_G = 2
+#: What enroot's Mellanox hook needs to bring the node's InfiniBand devices in (pyxis, --rdma).
+ENROOT_RDMA_ENV = (("MELLANOX_VISIBLE_DEVICES", "all"),)
 #: What Apptainer's --nv binds the host's driver libraries to (it puts them on LD_LIBRARY_PATH
 #: only; Triton links its launcher with -lcuda, which reads LIBRARY_PATH).
 APPTAINER_LIBS = "/.singularity.d/libs"
@@ -31,10 +45,14 @@ FILENAMES: Mapping[str, str] = {"slurm": "slurm.sbatch", "pytorchjob": "pytorchj
 #: Shell words that stay expandable ("${VAR}") when the Slurm node script is written.
 RDZV_ENDPOINT_VAR = "${PTMG_RDZV_ENDPOINT}"
 RDZV_ID_VAR = "${PTMG_RDZV_ID}"
+#: Where the image's DDP job writes its record on a Slurm node (one folder per job: jobs may share a
+#: node's /tmp), and the job's directory next to its output file, where the record is copied to.
+RESULT_TMP_VAR = "${PTMG_RESULT_TMP}"
 #: Slurm variables each node's container needs (docker does not pass the environment by itself).
 SLURM_VARS = ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_PROCID", "SLURM_NNODES", "SLURM_JOB_NODELIST")
 NAME_RE = re.compile(r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$")  # DNS-1035; short enough for JobSet pod names
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MEM_RE = re.compile(r"^([0-9]+)([KMGT]?)$")  # sbatch --mem: 0 = all of the node's memory
 MOUNT_RE = re.compile(r"^[A-Za-z0-9_./@+=-]+:/[A-Za-z0-9_./@+=-]*(:(ro|rw))?$")
 #: A Kubernetes extended resource (a device plugin's), e.g. rdma/rdma_shared_device_a or vpc.amazonaws.com/efa.
 RESOURCE_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -124,7 +142,8 @@ def resolve_image_file(text: str) -> str:
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Everything a job definition depends on; validated by :meth:`check`."""
+    """Everything a job definition depends on, checked when it is made (a bad flag: LaunchError, exit 2);
+    the renderers take it as it is, and what is derived from it (the script, the sizes) is computed once."""
 
     cell: str
     image: ImagePin
@@ -136,7 +155,7 @@ class LaunchConfig:
     launcher: str = "pyxis"
     image_file: str = ""  # Slurm: an exported image file (absolute path) instead of the registry image
     torch: str = ""  # the cell's torch version: what a native node must have when it lacks the cell file
-    rdzv_port: int = contract.RDZV_PORT
+    rdzv_port: int | None = None  # None: Slurm derives it from the job id, Kubernetes uses contract.RDZV_PORT
     shm_size: str = contract.SHM_SIZE
     nccl_debug: str = "WARN"
     socket_ifname: str | None = None  # NCCL_/GLOO_SOCKET_IFNAME; Kubernetes defaults to eth0
@@ -145,6 +164,12 @@ class LaunchConfig:
     time_limit: str = "01:00:00"
     partition: str | None = None
     account: str | None = None
+    #: Slurm: cores for each node's task (None: CPUS_PER_GPU_RANK per GPU rank, 1 per CPU rank)
+    cpus_per_task: int | None = None
+    #: Slurm: memory per node, sbatch's spelling (None: MEM_PER_*_RANK_G per rank + /dev/shm; "0" = all)
+    mem: str | None = None
+    exclusive: bool = False  # Slurm: whole nodes (every core, --mem=0 unless --mem is given)
+    rdma: bool = False  # Slurm: NCCL over the nodes' InfiniBand/RoCE (pyxis: enroot's Mellanox hook)
     selftest_init: bool = False
     #: Kubernetes: RDMA device-plugin resources per pod (name, count); non-empty adds IPC_LOCK too.
     rdma_resources: tuple[tuple[str, int], ...] = ()
@@ -155,7 +180,13 @@ class LaunchConfig:
     source: str = "images.yaml"
     labels: Mapping[str, str] = field(default_factory=contract.project_labels)
 
-    def check(self) -> LaunchConfig:
+    def __post_init__(self) -> None:
+        """Checked once, here: every LaunchConfig that exists is one a renderer can take."""
+        problems = self._problems()
+        if problems:
+            raise LaunchError(*problems)
+
+    def _problems(self) -> list[str]:
         problems = []
         if self.nodes < 1:
             problems.append("--nodes must be >= 1")
@@ -171,7 +202,7 @@ class LaunchConfig:
                             "at most 40 characters (it becomes DNS names)")
         if self.launcher not in LAUNCHERS:
             problems.append(f"--launcher {self.launcher!r}: one of {', '.join(LAUNCHERS)}")
-        if not 1 <= self.rdzv_port <= 65535:
+        if self.rdzv_port is not None and not 1 <= self.rdzv_port <= 65535:
             problems.append("--rdzv-port must be a TCP port")
         if not re.match(r"^[0-9]+[kmgKMG]?$", self.shm_size):
             problems.append(f"--shm-size {self.shm_size!r}: a size such as 8g or 512m")
@@ -185,9 +216,11 @@ class LaunchConfig:
         if self.launcher == "native" and self.mounts:
             problems.append(f"--mount {self.mounts[0]!r}: --launcher native runs no container, so there is nothing "
                             "to mount into; mount it on the nodes, or use --launcher pyxis, apptainer or docker")
-        if problems:
-            raise LaunchError(*problems)
-        return self
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            problems.append("--cpus-per-task must be >= 1")
+        if self.mem is not None and not MEM_RE.match(self.mem):
+            problems.append(f"--mem {self.mem!r}: sbatch's size, e.g. 64G or 512000M (0: all of the node's memory)")
+        return problems
 
     def _image_file_problems(self) -> list[str]:
         problems = []
@@ -222,10 +255,44 @@ class LaunchConfig:
     def world_size(self) -> int:
         return self.nodes * self.nproc_per_node
 
+    def ddp_job(self, out: str = IN_CONTAINER_OUT) -> tuple[str, ...]:
+        """The image's DDP smoke job, writing its record (result.json, tb/) to ``out``."""
+        backend = ("--backend", "nccl" if self.gpus_per_node else "gloo")  # a GPU job never falls back to gloo
+        return (contract.DDP_JOB, *ddp_job_args(out=out, extra=backend))
+
+    @cached_property
     def script(self) -> tuple[str, ...]:
         """What torchrun runs on every rank: the user's command, or the image's DDP smoke job."""
-        backend = ("--backend", "nccl" if self.gpus_per_node else "gloo")  # a GPU job never falls back to gloo
-        return self.command or (contract.DDP_JOB, *ddp_job_args(extra=backend))
+        return self.command or self.ddp_job()
+
+    @cached_property
+    def shm_bytes(self) -> int:
+        """--shm-size in bytes (docker's units: k, m, g are powers of 1024)."""
+        m = re.match(r"^([0-9]+)([kmgKMG]?)$", self.shm_size)
+        assert m is not None  # checked in __post_init__
+        power: int = " kmg".index(m.group(2).lower() or " ")
+        return int(m.group(1)) * int(1024**power)
+
+    @cached_property
+    def node_cpus(self) -> int:
+        """Cores for each node's ranks (sbatch --cpus-per-task; the pod's cpu request)."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        return self.nproc_per_node * (CPUS_PER_GPU_RANK if self.gpus_per_node else 1)
+
+    @cached_property
+    def node_mem_mib(self) -> int:
+        """Memory for each node's ranks in MiB (0: all of the node's): --mem, all with --exclusive, else
+        a size per rank plus /dev/shm (a memory-backed tmpfs: what the ranks put there counts)."""
+        if self.mem is not None:
+            m = MEM_RE.match(self.mem)
+            assert m is not None  # checked in __post_init__
+            kib = int(m.group(1)) * {"K": 1, "": 1024, "M": 1024, "G": 1024**2, "T": 1024**3}[m.group(2)]
+            return -(-kib // 1024)
+        if self.exclusive:
+            return 0
+        per_rank = MEM_PER_GPU_RANK_G if self.gpus_per_node else MEM_PER_CPU_RANK_G
+        return self.nproc_per_node * per_rank * 1024 + -(-self.shm_bytes // 1024**2)
 
     def env_vars(self, default_ifname: str | None) -> tuple[tuple[str, str], ...]:
         """The distributed-training env of every node; --env entries win."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 import ptmg_contract as contract
-from builder.launch.config import CONTAINER, FILENAMES, JOIN_TIMEOUT_S, LaunchConfig, LaunchError
+from builder.launch.config import CONTAINER, FILENAMES, JOIN_TIMEOUT_S, LaunchConfig
 from builder.smoke.torchrun import torchrun_argv
 
 # --- Kubernetes ----------------------------------------------------------------------
@@ -27,10 +26,17 @@ def _meta(cfg: LaunchConfig, name: str) -> dict[str, Any]:
     return meta
 
 
-def _gpu_resources(cfg: LaunchConfig) -> dict[str, Any]:
-    if not cfg.gpus_per_node:
-        return {}
-    return {"resources": {"limits": {"nvidia.com/gpu": cfg.gpus_per_node}}}
+def _resources(cfg: LaunchConfig) -> dict[str, Any]:
+    """What each pod asks for: its cores and memory (the memory-backed /dev/shm counted: its pages are
+    charged to the pod), the GPUs and the RDMA devices. Limits equal requests, so the pod is of the
+    Guaranteed QoS class: the last to be evicted when a node runs short of memory."""
+    amounts: dict[str, Any] = {"cpu": str(cfg.node_cpus)}
+    if cfg.node_mem_mib:
+        amounts["memory"] = f"{cfg.node_mem_mib}Mi"
+    if cfg.gpus_per_node:
+        amounts["nvidia.com/gpu"] = cfg.gpus_per_node
+    amounts.update({name: count for name, count in cfg.rdma_resources})
+    return {"resources": {"requests": dict(amounts), "limits": dict(amounts)}}
 
 
 def _rdma(cfg: LaunchConfig) -> dict[str, Any]:
@@ -41,16 +47,10 @@ def _rdma(cfg: LaunchConfig) -> dict[str, Any]:
     return {"securityContext": {"capabilities": {"add": ["IPC_LOCK"]}}}
 
 
-def _limits(cfg: LaunchConfig) -> dict[str, Any]:
-    limits: dict[str, Any] = dict(_gpu_resources(cfg).get("resources", {}).get("limits", {}))
-    limits.update({name: count for name, count in cfg.rdma_resources})
-    return {"resources": {"limits": limits}} if limits else {}
-
-
 def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping[str, Any]] = (),
              ports: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """The pod every node runs: the image's entrypoint (tini; the command runs as ``pt``) with
-    torchrun as its arguments, GPU limits, a memory-backed /dev/shm, the NCCL env."""
+    torchrun as its arguments, its resources (:func:`_resources`), a memory-backed /dev/shm, the NCCL env."""
     env = [{"name": k, "value": v} for k, v in cfg.env_vars(default_ifname="eth0")] + [dict(e) for e in extra_env]
     shm_mount = [{"name": "dshm", "mountPath": "/dev/shm"}]
     main: dict[str, Any] = {
@@ -61,7 +61,7 @@ def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping
         # and passes the exit status through.
         "args": list(args),
         "env": env,
-        **_limits(cfg),
+        **_resources(cfg),
         **_rdma(cfg),
         "volumeMounts": shm_mount,
     }
@@ -79,7 +79,7 @@ def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping
             "image": cfg.image.ref,
             "imagePullPolicy": "IfNotPresent",
             "args": selftest_args,
-            **_gpu_resources(cfg),
+            **_resources(cfg),  # the same as the main container's: the pod stays Guaranteed
             "volumeMounts": shm_mount,
         }]
     spec["containers"] = [main]
@@ -89,12 +89,19 @@ def pod_spec(cfg: LaunchConfig, args: Sequence[str], extra_env: Sequence[Mapping
 
 
 def _k8s_quantity(size: str) -> str:
-    """Docker-style 8g -> Kubernetes 8Gi."""
-    m = re.match(r"^([0-9]+)([kmgKMG]?)$", size)
-    if not m:
-        raise LaunchError(f"not a size: {size!r}")
-    unit = {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[m.group(2).lower()]
-    return f"{m.group(1)}{unit}"
+    """Docker-style 8g -> Kubernetes 8Gi (the size is checked by LaunchConfig)."""
+    return size[:-1] + {"k": "Ki", "m": "Mi", "g": "Gi"}[size[-1].lower()] if size[-1].isalpha() else size
+
+
+def _port(cfg: LaunchConfig) -> int:
+    """The rendezvous port: every pod has its own network, so the fixed default serves."""
+    return cfg.rdzv_port if cfg.rdzv_port is not None else contract.RDZV_PORT
+
+
+def _torchrun(cfg: LaunchConfig, endpoint: str) -> tuple[str, ...]:
+    return torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=cfg.script[0],
+                         script_args=cfg.script[1:], rdzv_endpoint=endpoint, rdzv_id=cfg.name,
+                         join_timeout_s=JOIN_TIMEOUT_S)
 
 
 def pytorchjob(cfg: LaunchConfig) -> dict[str, Any]:
@@ -104,11 +111,8 @@ def pytorchjob(cfg: LaunchConfig) -> dict[str, Any]:
     service) and creates that service. torchrun meets there with the c10d rendezvous; Kubernetes
     expands ``$(PET_MASTER_ADDR)`` in args from the container's env.
     """
-    cfg.check()
-    argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=cfg.script()[0],
-                         script_args=cfg.script()[1:], rdzv_endpoint="$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
-                         rdzv_id=cfg.name, join_timeout_s=JOIN_TIMEOUT_S)
-    ports = [{"name": "pytorchjob-port", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
+    argv = _torchrun(cfg, "$(PET_MASTER_ADDR):$(PET_MASTER_PORT)")
+    ports = [{"name": "pytorchjob-port", "containerPort": _port(cfg), "protocol": "TCP"}]
     template = {"metadata": {"labels": {**cfg.labels, contract.LABEL_CELL: cfg.cell}},
                 "spec": pod_spec(cfg, argv, ports=ports)}
     replicas: dict[str, Any] = {"Master": {"replicas": 1, "restartPolicy": "Never", "template": template}}
@@ -133,14 +137,11 @@ JOBSET_REPLICATED_JOB = "node"
 def jobset(cfg: LaunchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
     """A headless Service and a JobSet (jobset.x-k8s.io/v1alpha2) of one Indexed Job with
     ``nodes`` pods. Pod ``i`` is ``NAME-node-0-i.NAME``; the rendezvous is pod 0."""
-    cfg.check()
-    endpoint = f"{cfg.name}-{JOBSET_REPLICATED_JOB}-0-0.{cfg.name}:{cfg.rdzv_port}"
-    argv = torchrun_argv(nnodes=cfg.nodes, nproc_per_node=cfg.nproc_per_node, script=cfg.script()[0],
-                         script_args=cfg.script()[1:], rdzv_endpoint=endpoint, rdzv_id=cfg.name,
-                         join_timeout_s=JOIN_TIMEOUT_S)
+    port = _port(cfg)
+    argv = _torchrun(cfg, f"{cfg.name}-{JOBSET_REPLICATED_JOB}-0-0.{cfg.name}:{port}")
     node_rank = {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
         "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}}
-    ports = [{"name": "rdzv", "containerPort": cfg.rdzv_port, "protocol": "TCP"}]
+    ports = [{"name": "rdzv", "containerPort": port, "protocol": "TCP"}]
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -149,7 +150,7 @@ def jobset(cfg: LaunchConfig) -> tuple[dict[str, Any], dict[str, Any]]:
             "clusterIP": "None",  # headless: one DNS record per pod
             "publishNotReadyAddresses": True,  # pods resolve before they are Ready (the rendezvous needs it)
             "selector": {"jobset.sigs.k8s.io/jobset-name": cfg.name},
-            "ports": [{"name": "rdzv", "port": cfg.rdzv_port, "targetPort": cfg.rdzv_port, "protocol": "TCP"}],
+            "ports": [{"name": "rdzv", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
     job_spec = {

@@ -3,6 +3,7 @@ the validation checks against (bases, flavours, tag placeholders)."""
 
 from __future__ import annotations
 
+import platform as _host
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,16 @@ FLAVOUR_PIP: Mapping[str, tuple[str, ...]] = {
 #: on an amd64 host (qemu) and get their architecture appended to the cell name.
 DEFAULT_PLATFORM = "linux/amd64"
 PLATFORMS: Mapping[str, str] = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+#: The kernel's machine name -> the Docker platform it runs natively.
+MACHINES: Mapping[str, str] = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64",
+                               "arm64": "linux/arm64"}
+
+
+def native_platform(machine: str | None = None) -> str:
+    """The Docker platform this host runs without emulation (linux/arm64 on a GH200's aarch64)."""
+    return MACHINES.get((machine or _host.machine()).lower(), DEFAULT_PLATFORM)
+
+
 #: Docker Hub's per-architecture namespace of the official images (arm64v8/debian:bookworm-slim):
 #: the local name of a base on a platform other than linux/amd64 (one local name holds one
 #: platform, and `debian:bookworm-slim` here is the amd64 one). See builder/imaging/base_foreign.py.
@@ -105,6 +116,8 @@ class ImageSpec:
     platform: str = DEFAULT_PLATFORM
     compile_python: tuple[str, ...] = ()  # the Pythons torch.compile supports in this release
     devel_toolkit: str = ""  # devel: the CUDA toolkit's pip requirement (no version), e.g. cuda-toolkit[nvcc]
+    #: the driver of the toolkit torch was built with (CUDA_RN Table 3): below it, no PTX JIT; "" for CPU
+    min_driver_full: str = ""
 
     @property
     def ref(self) -> str:
@@ -130,10 +143,14 @@ class ImageSpec:
         so one cache shared by both would be refilled by every build)."""
         return self.os if self.platform == DEFAULT_PLATFORM else f"{self.os}-{self.arch}"
 
+    def emulated_on(self, host_platform: str) -> bool:
+        """A host of ``host_platform`` runs this cell under emulation only (qemu: CPU, no GPU)."""
+        return self.platform != host_platform
+
     @property
     def emulated(self) -> bool:
-        """Built under emulation on the usual (amd64) build hosts."""
-        return self.platform != DEFAULT_PLATFORM
+        """Emulated on this host: its platform is not the host's (an amd64 cell on a GB200 is)."""
+        return self.emulated_on(native_platform())
 
     @property
     def cpu_only(self) -> bool:

@@ -8,19 +8,17 @@ cover the native platform unless asked (``--platforms all``, env PTMG_PLATFORMS)
 
 from __future__ import annotations
 
-import platform as host
 from collections.abc import Sequence
 
-from builder.matrix.model import DEFAULT_PLATFORM, PLATFORMS, ImageSpec
+from builder.matrix.model import PLATFORMS, ImageSpec, native_platform
 
 NATIVE = "native"
 ALL = "all"
-_MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
 
 
 def host_platform(machine: str | None = None) -> str:
     """The Docker platform of this host (linux/amd64 on x86_64)."""
-    return _MACHINES.get((machine or host.machine()).lower(), DEFAULT_PLATFORM)
+    return native_platform(machine)
 
 
 def parse(text: str) -> tuple[str, ...]:

@@ -195,7 +195,9 @@ class Checker:
             neighbours=rel.neighbours,
             apt=tuple(sorted(set(fields.get("apt", ())))),
             pip=tuple(sorted(set(fields.get("pip", ())))), tools=tuple(sorted(set(fields.get("tools", ())))),
-            min_driver=variant.min_driver if variant else "", arch_list=variant.arch_for(arch) if variant else (),
+            min_driver=variant.min_driver if variant else "",
+            min_driver_full=variant.min_driver_full if variant else "",
+            arch_list=variant.arch_for(arch) if variant else (),
             latest=False, loc=self.doc.at(cell_path), platform=platform, compile_python=rel.compile_python,
             devel_toolkit=self.compat.devel_toolkit.get(cuda.split(".")[0], "") if flavour == "devel" else "",
         )

@@ -15,12 +15,14 @@ from builder.common.paths import template_dir
 from builder.common.templates import environment
 from builder.common.versions import version_key
 from builder.matrix import Matrix
+from builder.matrix.model import DEFAULT_PLATFORM
 from builder.render import readme
 from builder.render.dockerfile import Rendered
 
 
 def _template(name: str, matrix: Matrix) -> str:
-    native = [c for c in matrix.cells if not c.emulated] or list(matrix.cells)  # an example that runs here
+    # An example that runs on the usual (amd64) host; not this host's: the files are the same everywhere.
+    native = [c for c in matrix.cells if not c.emulated_on(DEFAULT_PLATFORM)] or list(matrix.cells)
     runtime = [c for c in native if c.flavour == "runtime"] or native
     older = [c for c in runtime if not c.latest] or runtime
     example = max(older, key=lambda c: version_key(c.torch)).ref

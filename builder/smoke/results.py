@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import re
@@ -13,8 +14,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 import ptmg_contract as contract
-
-# --- results -------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -274,19 +273,22 @@ class SelftestRun:
         return "\n".join([text, *(f"  FAILED {f}" for f in self.failures)])
 
 
+_SRUN_LABEL = re.compile(r"^ *[0-9]+: ")  # srun --label's, on every piece srun cuts a long line into
+
+
 def find_ddp_result(logs: Sequence[str]) -> DDPResult | None:
-    """The last ``PTMG_DDP_RESULT {json}`` line of any log, parsed."""
+    """The last ``PTMG_DDP_RESULT {json}`` line of any log, parsed (its srun --label pieces joined)."""
     found: DDPResult | None = None
-    for text in logs:
-        for line in text.splitlines():
-            idx = line.find(contract.DDP_RESULT_MARKER)
-            if idx < 0:
-                continue
-            try:
-                data = json.loads(line[idx + len(contract.DDP_RESULT_MARKER):])
-                found = DDPResult.from_json(data)
-            except ValueError:
-                continue
+    for lines in (text.splitlines() for text in logs):
+        for i, line in ((i, ln) for i, ln in enumerate(lines) if contract.DDP_RESULT_MARKER in ln):
+            label, body = _SRUN_LABEL.match(line), line.split(contract.DDP_RESULT_MARKER, 1)[1]
+            for piece in [*(lines[i + 1:] if label else ()), ""]:  # "": the last piece's turn to parse
+                with contextlib.suppress(ValueError):
+                    found = DDPResult.from_json(json.loads(body))
+                    break
+                if label is None or not piece.startswith(label.group(0)):
+                    break
+                body += piece[len(label.group(0)):]
     return found
 
 

@@ -36,8 +36,10 @@ def torchrun_argv(
     else:
         if not rdzv_id:
             raise ValueError("a rendezvous needs an id shared by every node")
+        # read_timeout: how long the c10d store's client keeps trying to reach the endpoint (torch's
+        # default 60 s): a node up before the endpoint's node must wait as long as the join does.
         argv += ["--rdzv_backend", "c10d", "--rdzv_endpoint", rdzv_endpoint, "--rdzv_id", rdzv_id,
-                 "--rdzv_conf", f"join_timeout={join_timeout_s}"]
+                 "--rdzv_conf", f"join_timeout={join_timeout_s},read_timeout={join_timeout_s}"]
     return (*argv, script, *script_args)
 
 

@@ -172,7 +172,7 @@ class LocalSlurm:
     # --- jobs ---
     def sbatch(self, script: Path, output: Path, extra: tuple[str, ...] = ()) -> str:
         r = subprocess.run(["sbatch", "--parsable", f"--output={output}", *extra, str(script)], env=self.env,
-                           capture_output=True, text=True, timeout=30, check=False)
+                           cwd=output.parent, capture_output=True, text=True, timeout=30, check=False)
         if r.returncode != 0:
             raise AssertionError(f"sbatch failed ({r.returncode}): {r.stderr}")
         return r.stdout.strip().split(";")[0]

@@ -59,7 +59,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
 def generate(tmp: Path, built_cell: BuiltCell, sqsh: Path, *extra: str) -> Path:
     argv = [sys.executable, str(ROOT / "build.py"), "launch", "--target", "slurm", "--launcher", "pyxis",
             "--only", built_cell.cell, "--image-file", str(sqsh), "--nodes", "1", "--gpus-per-node", "0",
-            "--nproc-per-node", "2", "--rdzv-port", str(free_port()), "--time", "00:15:00", "--out", str(tmp), *extra]
+            "--nproc-per-node", "2", "--rdzv-port", str(free_port()), "--time", "00:15:00",
+            "--mem", "0",  # this node's slurm.conf states no RealMemory
+            "--out", str(tmp), *extra]
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     return tmp / built_cell.cell / "slurm.sbatch"

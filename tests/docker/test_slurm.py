@@ -9,6 +9,7 @@ io.pt-multi-gpu.slurm-job=<id>; whatever is left of them is removed in a finally
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -49,6 +50,7 @@ def generate(tmp: Path, built_cell: BuiltCell, *extra: str) -> Path:
     argv = [sys.executable, str(ROOT / "build.py"), "launch", "--target", "slurm", "--launcher", "docker",
             "--only", built_cell.cell, "--image", built_cell.ref, "--nodes", "1", "--gpus-per-node", "0",
             "--nproc-per-node", "2", "--shm-size", "1g", "--rdzv-port", str(free_port()), "--time", "00:15:00",
+            "--mem", "0",  # this node's slurm.conf states no RealMemory
             "--out", str(tmp), *extra]
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
@@ -85,6 +87,10 @@ def test_slurm_job_runs_the_images_ddp_job(slurm: LocalSlurm, built_cell: BuiltC
     assert result.ok and result.world_size == 2 and result.backend == "gloo", result
     assert result.loss_decreased and result.params_identical and result.allreduce_exact
     assert "[ptmg] node 0 of 1 (task 0)" in text
+    # the record, copied out of the (removed) container into the job's directory
+    record = json.loads((tmp_path / f"ptmg-ddp-{info['JobId']}" / "result.json").read_text())
+    assert record["ok"] is True and record["world_size"] == 2, record
+    assert "0: [ptmg] node 0 of 1" in text, "srun --label: each line names its task"
     assert not docker_client.containers.list(all=True, filters={"label": "io.pt-multi-gpu.slurm-job"})
 
 

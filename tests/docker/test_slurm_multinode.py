@@ -87,7 +87,8 @@ def generate(tmp: Path, cell: str, command: str) -> str:
     """`build.py launch` itself, as a user runs it."""
     argv = [sys.executable, str(ROOT / "build.py"), "launch", "--target", "slurm", "--launcher", "native",
             "--only", cell, "--no-pin", "--nodes", str(NODES), "--gpus-per-node", "0",
-            "--nproc-per-node", str(NPROC), "--time", "00:15:00", "--command", command, "--out", str(tmp)]
+            "--nproc-per-node", str(NPROC), "--time", "00:15:00", "--mem", "512M", "--command", command,
+            "--out", str(tmp)]
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     return (tmp / cell / "slurm.sbatch").read_text()
@@ -129,7 +130,7 @@ def test_native_job_runs_ddp_across_two_nodes(cluster: SlurmCluster, built_cell:
     assert rows[f"{job}.0"]["NodeList"] == "node[1-2]", rows
     # Both nodes met at the rendezvous on the first node of the allocation.
     for n, host in enumerate(sorted(HOSTS)):
-        assert f"[ptmg] node {n} of {NODES} (task {n}) on {host}: rendezvous node1:{contract.RDZV_PORT} id {job}" \
+        assert f"[ptmg] node {n} of {NODES} (task {n}) on {host}: rendezvous node1:{20000 + int(job) % 10000} id {job}" \
             in text, text[-4000:]
     result = find_ddp_result([text])
     assert result is not None, text[-4000:]

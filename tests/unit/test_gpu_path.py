@@ -695,14 +695,14 @@ def test_launch_asks_for_eight_ranks_on_eight_gpu_nodes(tmp_path: Path, capsys: 
         (main,) = pods[0]["containers"]
         assert main["args"][main["args"].index("--nproc_per_node") + 1] == "8"
         assert main["resources"]["limits"]["nvidia.com/gpu"] == 8
-    assert "--bench-sizes" not in " ".join(_launch_cfg().script())  # the job's own sizes: up to 1 GiB on NCCL
+    assert "--bench-sizes" not in " ".join(_launch_cfg().script)  # the job's own sizes: up to 1 GiB on NCCL
 
 
 def test_launch_refuses_more_ranks_than_gpus() -> None:
     with pytest.raises(LaunchError, match="NCCL needs one GPU per rank"):
-        _launch_cfg(nproc_per_node=16).check()
-    _launch_cfg(nproc_per_node=4).check()  # fewer is the user's choice
-    _launch_cfg(gpus_per_node=0, nproc_per_node=4).check()  # CPU ranks
+        _launch_cfg(nproc_per_node=16)
+    _launch_cfg(nproc_per_node=4)  # fewer is the user's choice
+    _launch_cfg(gpus_per_node=0, nproc_per_node=4)  # CPU ranks
 
 
 # --- NCCL hangs: the job's watchdog fires before torch's ------------------------------------

@@ -197,7 +197,7 @@ def test_pyxis_spells_the_registry_with_a_hash(ref: str, want: str) -> None:
 ])
 def test_bad_flags_are_refused(kw: dict[str, Any], match: str) -> None:
     with pytest.raises(LaunchError, match=match):
-        cfg(**kw).check()
+        cfg(**kw)
 
 
 RENDER_ALL = """
@@ -245,10 +245,10 @@ def _check_pod(pod: Mapping[str, Any], c: LaunchConfig) -> dict[str, Any]:
     env = {e["name"]: e.get("value") for e in main["env"]}
     assert env["NCCL_DEBUG"] == c.nccl_debug
     assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
-    if c.gpus_per_node:
-        assert main["resources"]["limits"] == {"nvidia.com/gpu": c.gpus_per_node}
-    else:
-        assert "resources" not in main
+    limits = main["resources"]["limits"]
+    assert main["resources"]["requests"] == limits  # Guaranteed QoS
+    assert limits.get("nvidia.com/gpu") == (c.gpus_per_node or None)
+    assert limits["cpu"] == str(c.node_cpus) and limits["memory"] == f"{c.node_mem_mib}Mi"
     assert {"name": "dshm", "mountPath": "/dev/shm"} in main["volumeMounts"]
     (shm,) = [v for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -293,7 +293,8 @@ def test_pytorchjob_runs_the_users_command_and_the_selftest_first() -> None:
     assert contract.DDP_JOB not in _main_container(pod)["args"]
     (init,) = pod["spec"]["initContainers"]
     assert init["args"] == ["selftest", "--nproc", "4", "--require-gpu"]
-    assert init["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    assert init["resources"] == _main_container(pod)["resources"]  # the pod stays Guaranteed
+    assert init["resources"]["limits"]["nvidia.com/gpu"] == 4
     assert doc["metadata"]["namespace"] == "ml"
 
 
@@ -477,8 +478,10 @@ def run_sbatch(script: str, bindir: Path, tmp: Path, nodes: int, **env: str) -> 
     path.write_text(script)
     log = tmp / "fake.log"
     full = {"PATH": f"{bindir}:/usr/bin:/bin", "FAKE_LOG": str(log), "FAKE_BIN": str(bindir),
-            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-03]", "SLURM_NNODES": str(nodes), **env}
-    r = subprocess.run(["bash", str(path)], env=full, capture_output=True, text=True, timeout=60, check=False)
+            "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu-a[01-03]", "SLURM_NNODES": str(nodes),
+            "SLURM_SUBMIT_DIR": str(tmp), **env}
+    r = subprocess.run(["bash", str(path)], env=full, cwd=tmp, capture_output=True, text=True, timeout=60,
+                       check=False)
     return r.returncode, log.read_text().splitlines() if log.exists() else [], r.stderr
 
 
@@ -499,22 +502,22 @@ def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
     runs = [ln for ln in lines if ln.startswith("torchrun ")]
     assert [r.split()[1] for r in runs] == ["node=0", "node=1"], lines
     for r in runs:
-        assert "--rdzv_endpoint gpu-a01:29400 --rdzv_id 4242" in r
+        assert "--rdzv_endpoint gpu-a01:24242 --rdzv_id 4242" in r  # 20000 + the job id % 10000
         assert "--nnodes 2 --nproc_per_node 4" in r
         assert f"{contract.DDP_JOB} --out" in r
     srun = next(ln for ln in lines if ln.startswith("srun "))
     assert "--kill-on-bad-exit=1" in srun and "--ntasks-per-node=1" in srun and "--export=ALL" in srun
     if launcher == "native":
-        assert srun.startswith("srun --kill-on-bad-exit=1 --export=ALL --nodes=2 --ntasks-per-node=1 "
-                               "--gpus-per-node=4 bash -c ")
+        assert srun.startswith("srun --kill-on-bad-exit=1 --export=ALL --label --nodes=2 --ntasks-per-node=1 "
+                               "--cpus-per-task=16 --gpus-per-node=4 bash -c ")
         assert not any(ln.startswith(("docker ", "apptainer ")) for ln in lines) and "--container" not in srun
     elif launcher == "pyxis":
         assert f"--container-image=pt-multi-gpu:{CELL}" in srun
-        assert "--container-mounts=/scratch/data:/data:ro" in srun
+        assert f"--container-mounts={tmp_path}/ptmg-ddp-4242:{tmp_path}/ptmg-ddp-4242,/scratch/data:/data:ro" in srun
     elif launcher == "apptainer":
         app = next(ln for ln in lines if ln.startswith("apptainer "))
-        assert app.startswith("apptainer exec --nv --env LIBRARY_PATH=/.singularity.d/libs --bind /scratch/data:/data:ro "
-                              "docker://pt-multi-gpu:")
+        assert app.startswith("apptainer exec --nv --env LIBRARY_PATH=/.singularity.d/libs "
+                              f"--bind {tmp_path}/ptmg-ddp-4242 --bind /scratch/data:/data:ro docker://pt-multi-gpu:")
     elif launcher == "charliecloud":
         ch = [ln for ln in lines if ln.startswith("ch-run ")]
         assert len(ch) == 2 and ch[0].startswith(f"ch-run --home --set-env --bind=/scratch/data:/data {CH_IMAGE} -- ")
@@ -594,12 +597,13 @@ def test_slurm_header() -> None:
                                    time_limit="02:00:00"))
     sbatch = [ln for ln in text.splitlines() if ln.startswith("#SBATCH")]
     assert sbatch == ["#SBATCH --job-name=ptmg-ddp", "#SBATCH --nodes=3", "#SBATCH --ntasks-per-node=1",
-                      "#SBATCH --no-requeue", "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=8", "#SBATCH --partition=gpu",
+                      "#SBATCH --no-requeue", "#SBATCH --time=02:00:00", "#SBATCH --gpus-per-node=8",
+                      "#SBATCH --cpus-per-task=32", "#SBATCH --mem=139264M", "#SBATCH --partition=gpu",
                       "#SBATCH --account=ml", "#SBATCH --output=ptmg-ddp-%j.out"]
     cpu = slurm.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="docker"))
     assert "--gpus" not in cpu
     apptainer = slurm.render_slurm(cfg(gpus_per_node=0, nproc_per_node=2, launcher="apptainer"))
-    assert re.search(r"^ +apptainer exec \\$", apptainer, re.M), "no --nv without GPUs"
+    assert re.search(r'^ +apptainer exec --bind "\$\{PTMG_JOB_DIR\}" \\$', apptainer, re.M), "no --nv without GPUs"
 
 
 # --- the verb ------------------------------------------------------------------------------------------------

@@ -15,7 +15,14 @@ from builder.cli.registry import Verb
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import log
 from builder.launch import FILENAMES, LAUNCHERS, TARGETS, ImagePin, LaunchConfig, pin_image, render
-from builder.launch.config import resolve_image_file
+from builder.launch.config import (
+    CPUS_PER_GPU_RANK,
+    MEM_PER_CPU_RANK_G,
+    MEM_PER_GPU_RANK_G,
+    RDZV_PORT_BASE,
+    RDZV_PORT_SPAN,
+    resolve_image_file,
+)
 
 
 def _env_pair(text: str) -> tuple[str, str]:
@@ -59,8 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the image to run (default: the cell's tag; pinned by its registry digest when the "
                         "local engine knows one)")
     p.add_argument("--no-pin", action="store_true", help="don't ask the Docker engine for a digest; name the tag")
-    p.add_argument("--rdzv-port", type=types.count(1, 65535), default=contract.RDZV_PORT,
-                   help=f"c10d rendezvous port (default {contract.RDZV_PORT})")
+    p.add_argument("--rdzv-port", type=types.count(1, 65535), default=None,
+                   help=f"c10d rendezvous port (default: Slurm {RDZV_PORT_BASE} + the job id %% {RDZV_PORT_SPAN}, as "
+                        f"jobs may share a node; Kubernetes {contract.RDZV_PORT})")
     p.add_argument("--shm-size", default=contract.SHM_SIZE, type=types.text,
                    help=f"/dev/shm per node (docker --shm-size; k8s emptyDir) (default {contract.SHM_SIZE})")
     p.add_argument("--nccl-debug", default="WARN", type=types.text,
@@ -72,6 +80,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mount", action="append", default=[], metavar="SRC:DST[:ro]", type=types.text,
                    help="Slurm: bind-mount a host path into the container (repeatable; not with --launcher native)")
     p.add_argument("--time", default="01:00:00", type=types.text, help="Slurm: --time limit (default 01:00:00)")
+    p.add_argument("--cpus-per-task", type=types.count(1, 4096), default=None, metavar="N",
+                   help=f"cores per node for its ranks (Slurm --cpus-per-task, the pod's cpu request; default "
+                        f"{CPUS_PER_GPU_RANK} per GPU rank, 1 per CPU rank)")
+    p.add_argument("--mem", default=None, type=types.text, metavar="SIZE",
+                   help=f"memory per node (Slurm --mem, e.g. 512G; 0: all of it; the pod's memory request; default "
+                        f"{MEM_PER_GPU_RANK_G}G per GPU rank, {MEM_PER_CPU_RANK_G}G per CPU rank, plus --shm-size)")
+    p.add_argument("--exclusive", action="store_true",
+                   help="Slurm: whole nodes (sbatch --exclusive): every core and, unless --mem says, all memory")
+    p.add_argument("--rdma", action="store_true",
+                   help="Slurm: NCCL over the nodes' InfiniBand/RoCE (pyxis: sets MELLANOX_VISIBLE_DEVICES=all for "
+                        "enroot's Mellanox hook; the docker launcher adds the devices of a node that has them)")
     p.add_argument("--partition", default=None, type=types.text, help="Slurm: --partition")
     p.add_argument("--account", default=None, type=types.text, help="Slurm: --account")
     p.add_argument("--namespace", default=None, type=types.text, help="Kubernetes: metadata.namespace")
@@ -109,6 +128,14 @@ def run(ctx: Context) -> int:
             raise InputError(f"--image-file {a.image_file}: for --target slurm only (Kubernetes pulls images from "
                              "a registry)")
         image_file = resolve_image_file(a.image_file)
+    if a.target != "slurm" and (a.exclusive or a.rdma or a.mem == "0"):
+        flag = "--exclusive" if a.exclusive else "--rdma" if a.rdma else "--mem 0"
+        raise InputError(f"{flag}: for --target slurm only (a pod asks for a size; RDMA on Kubernetes: "
+                         "--rdma-resource)")
+    if a.target == "slurm" and a.launcher == "apptainer" and not image_file:
+        log.warning("--launcher apptainer without --image-file: every node converts docker://IMAGE to a SIF itself "
+                    "(minutes each, and they add to the nodes' start-up skew); export one SIF once, to a shared "
+                    "filesystem: `build.py export CELL --format sif -o PATH.sif`, then --image-file PATH.sif")
     try:
         command = tuple(shlex.split(a.command)) if a.command else ()
     except ValueError as exc:
@@ -116,7 +143,7 @@ def run(ctx: Context) -> int:
     written: list[dict[str, Any]] = []
     for cell in ctx.cells:
         # Another platform's cell is <tag>-<arch> here, but its registry tag is the cell's tag (both platforms).
-        ref = a.image or (f"{cell.repository}:{cell.tag}" if cell.emulated else cell.ref)
+        ref = a.image or f"{cell.repository}:{cell.tag}"
         cfg = LaunchConfig(
             cell=cell.name,
             image=_pin(ctx, ref, a.no_pin or a.dry_run or bool(image_file), None if a.image else cell.ref),
@@ -126,8 +153,9 @@ def run(ctx: Context) -> int:
             rdzv_port=a.rdzv_port, shm_size=a.shm_size, nccl_debug=a.nccl_debug, socket_ifname=a.socket_ifname,
             env=tuple(a.env), mounts=tuple(a.mount), time_limit=a.time, partition=a.partition, account=a.account,
             selftest_init=a.selftest_init, namespace=a.namespace, source=ctx.config_display,
-            rdma_resources=tuple(a.rdma_resource), arch=cell.arch,
-        ).check()
+            rdma_resources=tuple(a.rdma_resource), arch=cell.arch, cpus_per_task=a.cpus_per_task, mem=a.mem,
+            exclusive=a.exclusive, rdma=a.rdma,
+        )
         text = render(a.target, cfg)
         if not cfg.image.pinned and not image_file:
             log.warning("%s: %s", cell.name, cfg.image.note)

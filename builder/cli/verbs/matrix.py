@@ -14,6 +14,7 @@ from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.log import table
 from builder.matrix import ImageSpec
+from builder.matrix.model import DEFAULT_PLATFORM
 
 COLUMNS = ("name", "torch", "torchvision", "cuda", "cudnn", "nccl", "python", "flavour", "base", "compile", "latest")
 
@@ -44,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def gpu_rows(cells: Sequence[ImageSpec], runners: Sequence[tuple[str, tuple[int, int]]]) -> list[dict[str, Any]]:
     """Each cell on each runner whose GPUs its arch list covers (the in-image test_arch_covered rule)."""
     return [{**c.summary(), "runner": label, "capability": f"{cap[0]}.{cap[1]}"}
-            for c in cells if not c.cpu_only and not c.emulated
+            for c in cells if not c.cpu_only and not c.emulated_on(DEFAULT_PLATFORM)  # the runners are x86_64
             for label, cap in runners if contract.arch_covers(c.arch_list, cap)]
 
 
