@@ -49,7 +49,7 @@ OTHERS = frozenset({
     ".github/scripts/generate_binary_build_matrix.py", ".ci/manywheel/build_cuda.sh",  # pytorch/pytorch's
     "generate_binary_build_matrix.py",  # pytorch/test-infra's
     "common/install_cuda.sh",  # pytorch/builder's
-    "image-format.md",  # NVIDIA/enroot's
+    "image-format.md", "98-nvidia.sh",  # NVIDIA/enroot's (a doc; the GPU hook in its conf/hooks/)
     "tests/utils/tracked_container.py",  # jupyter/docker-stacks'
     "builder.x.y",  # any dotted name (docs/architecture.md, this module)
 })
