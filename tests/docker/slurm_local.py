@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import cast
@@ -197,3 +198,21 @@ class LocalSlurm:
 
     def cancel(self, job_id: str) -> None:
         subprocess.run(["scancel", job_id], env=self.env, capture_output=True, timeout=10, check=False)
+
+    def run(self, script: Path, tmp: Path, timeout: float,
+            after: Callable[[str], None] = lambda job_id: None) -> tuple[dict[str, str], str]:
+        """Submit `script`, wait for it (cancelled if it does not end in time), run `after(job_id)` either
+        way (the test's own clean-up), and return its final fields and its output (printed: -rP, failures)."""
+        out = tmp / "job-%j.out"
+        job_id = self.sbatch(script, out)
+        try:
+            info = self.wait(job_id, timeout)
+        except AssertionError:
+            self.cancel(job_id)
+            raise
+        finally:
+            after(job_id)
+        text = Path(str(out).replace("%j", job_id)).read_text(errors="replace")
+        print(f"job {job_id}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} "
+              f"RunTime={info.get('RunTime')}\n{text[-3000:]}")
+        return info, text

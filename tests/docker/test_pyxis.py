@@ -68,17 +68,7 @@ def generate(tmp: Path, built_cell: BuiltCell, sqsh: Path, *extra: str) -> Path:
 
 
 def run_job(slurm: LocalSlurm, script: Path, tmp: Path) -> tuple[dict[str, str], str]:
-    out = tmp / "job-%j.out"
-    job_id = slurm.sbatch(script, out)
-    try:
-        info = slurm.wait(job_id, JOB_TIMEOUT)
-    except AssertionError:
-        slurm.cancel(job_id)
-        raise
-    text = Path(str(out).replace("%j", job_id)).read_text(errors="replace")
-    print(f"job {job_id}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} "
-          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")
-    return info, text
+    return slurm.run(script, tmp, JOB_TIMEOUT)
 
 
 def test_pyxis_runs_the_launch_script_from_the_export(slurm: LocalSlurm, built_cell: BuiltCell,

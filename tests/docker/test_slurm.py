@@ -61,20 +61,11 @@ def generate(tmp: Path, built_cell: BuiltCell, *extra: str) -> Path:
 
 def run_job(slurm: LocalSlurm, script: Path, tmp: Path,
             client: docker.DockerClient) -> tuple[dict[str, str], str]:
-    out = tmp / "job-%j.out"
-    job_id = slurm.sbatch(script, out)
-    try:
-        info = slurm.wait(job_id, JOB_TIMEOUT)
-    except AssertionError:
-        slurm.cancel(job_id)
-        raise
-    finally:
+    def remove_containers(job_id: str) -> None:
         for c in client.containers.list(all=True, filters={"label": f"io.pt-multi-gpu.slurm-job={job_id}"}):
             c.remove(force=True)
-    text = Path(str(out).replace("%j", job_id)).read_text(errors="replace")
-    print(f"job {job_id}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} "
-          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")  # shown by pytest -rP or on failure
-    return info, text
+
+    return slurm.run(script, tmp, JOB_TIMEOUT, after=remove_containers)
 
 
 def test_slurm_job_runs_the_images_ddp_job(slurm: LocalSlurm, built_cell: BuiltCell, tmp_path: Path,
