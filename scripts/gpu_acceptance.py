@@ -75,9 +75,9 @@ STEPS: tuple[Step, ...] = (
     Step("gpu-path-unit", "the GPU-path unit tests (fake nvidia-smi and torch: the rules before the GPU); "
          "they need the builder's own dependencies, so a bare host may not run them",
          ("{unit_python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
-          "--junitxml", "{out}/junit/gpu-path-unit.xml", "tests/unit/test_gpu_path.py",
-          "tests/unit/test_gpu_first_contact.py"), 45,
-         needs=UNIT_MODULES, files=("tests/unit/test_gpu_path.py", "tests/unit/test_gpu_first_contact.py"),
+          "--junitxml", "{out}/junit/gpu-path-unit.xml", "tests/unit/smoke/test_gpus.py",
+          "tests/unit/project/test_gpu_host_checks.py"), 45,
+         needs=UNIT_MODULES, files=("tests/unit/smoke/test_gpus.py", "tests/unit/project/test_gpu_host_checks.py"),
          junit=True, optional=True),
     Step("gpu", "CUDA, a kernel, cuDNN conv2d and the arch list on every GPU (each in a child process)",
          _pytest("{python}", "gpu", str(SMOKE / "test_gpu.py"), "--require-gpu"), 75,
