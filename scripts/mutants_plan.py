@@ -32,7 +32,9 @@ class Target:
 
 _U = "tests/unit/"
 _E = _U + "entrypoint/"
-_SMOKE = (_U + "smoke_tests/test_smoke_logic.py", _U + "smoke/test_gpus.py")
+_GPU_PATH = tuple(_U + f for f in ("smoke/test_gpus.py", "smoke_tests/test_ddp_checks.py", "smoke/test_runner.py",
+                                   "smoke_tests/test_ddp_watchdog.py", "smoke_tests/test_ddp_bench.py"))
+_SMOKE = (_U + "smoke_tests/test_smoke_logic.py", *_GPU_PATH)
 PLAN: tuple[Target, ...] = (
     # The root start and the services' input checks.
     Target("entrypoint/rootstart.py", (_E + "test_rootstart.py",)),
@@ -61,12 +63,13 @@ PLAN: tuple[Target, ...] = (
     Target("builder/publish/vulns.py", (_U + "audit/test_osv.py",), only=("python_gate", "combine")),
     # The zstd layer pusher: diff_ids against the config's, the config against the image, what a retry skips.
     Target("builder/publish/zstdpush.py", (_U + "publish/test_zstdpush.py", _U + "publish/test_zstd_publish.py")),
-    Target("builder/cli/verbs/publish.py", (_U + "publish/test_publisher.py", _U + "publish/test_freshness.py",
+    Target("builder/cli/verbs/publish.py", (_U + "cli/verbs/test_publish.py", _U + "publish/test_publisher.py",
+                                             _U + "publish/test_freshness.py",
                                              _U + "audit/test_osv.py", _U + "publish/test_gates.py"),
            only=("run",)),
     # The smoke verdicts, the GPU planning and the watchdog.
     Target("smoke_tests/ddp_plan.py", _SMOKE),
-    Target("smoke_tests/ddp_checks.py", (_U + "smoke/test_gpus.py", _U + "project/test_gpu_host_checks.py")),
+    Target("smoke_tests/ddp_checks.py", (*_GPU_PATH, _U + "project/test_gpu_host_checks.py")),
     Target("smoke_tests/ddp_watchdog.py", _SMOKE),
     Target("smoke_tests/smokelib.py", _SMOKE),
     # build.py repro: whether the engine can, the epoch, the layouts and what differs; dropping one build's records.
@@ -96,7 +99,8 @@ PLAN: tuple[Target, ...] = (
     Target("builder/lock/staging.py", (_U + "lock/test_staging.py", _U + "lock/test_store.py",
                                        _U + "project/test_hpc_env.py")),
     # The registry client: manifests classified, digests checked, credentials only to the registry's origin.
-    Target("builder/publish/client.py", (_U + "publish/test_client.py", _U + "publish/test_publisher.py",
+    Target("builder/publish/client.py", (_U + "publish/test_client.py", _U + "publish/test_client_auth.py",
+                                         _U + "publish/test_publisher.py", _U + "cli/verbs/test_publish.py",
                                          _U + "publish/test_zstdpush.py",
                                          _U + "publish/test_manifest_list.py", _U + "publish/test_freshness.py")),
     # build.py repro's verb: the exit status and the named files.

@@ -30,7 +30,9 @@ from builder.launch import LaunchError, config, kubernetes, render, slurm
 from builder.smoke import results
 from builder.smoke import torchrun as torchrun_mod
 from tests.support import write_matrix
-from tests.unit.launch.test_slurm import CELL, FAKES, assert_valid, cfg, fake_bin, for_launcher, run_sbatch
+from tests.unit.launch.test_config import CELL, cfg
+from tests.unit.launch.test_kubernetes import assert_valid
+from tests.unit.launch.test_slurm import FAKES, fake_bin, for_launcher, run_sbatch
 from tests.unit.smoke_tests.test_smoke_logic import sample_result
 
 __all__ = ["fake_bin"]  # the fixture, used by name

@@ -25,7 +25,8 @@ import yaml
 import builder.cli.main as cli
 from builder.launch import LaunchError, config, render, slurm
 from tests.support import write_matrix
-from tests.unit.launch.test_slurm import CELL, cfg, fake_bin, for_launcher, run_sbatch
+from tests.unit.launch.test_config import CELL, cfg
+from tests.unit.launch.test_slurm import fake_bin, for_launcher, run_sbatch
 
 __all__ = ["fake_bin"]  # the fixture, used by name
 

@@ -4,7 +4,7 @@ Slurm: every node raises its locked-memory soft limit; the docker launcher gives
 /dev/infiniband the devices, unlimited memlock and IPC_LOCK, and passes NCCL's network settings
 (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, ...) through by name. Kubernetes: --rdma-resource asks the
 device plugin for the RDMA devices and adds IPC_LOCK; checked against the client models as the
-other manifests are (tests/unit/launch/test_slurm.py).
+other manifests are (tests/unit/launch/test_kubernetes.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ import ptmg_contract as contract
 from builder.cli import main as cli
 from builder.launch import LaunchError, config, kubernetes, slurm
 from tests.support import write_matrix
-from tests.unit.launch.test_slurm import CELL, FAKES, assert_valid, cfg, for_launcher, run_sbatch
+from tests.unit.launch.test_config import CELL, cfg
+from tests.unit.launch.test_kubernetes import assert_valid
+from tests.unit.launch.test_slurm import FAKES, for_launcher, run_sbatch
 
 RDMA_FLAGS = "--device {ib} --cap-add IPC_LOCK --ulimit memlock=-1:-1"
 

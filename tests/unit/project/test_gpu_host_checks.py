@@ -146,7 +146,9 @@ from builder.cli.verbs import test as test_verb  # noqa: E402
 from builder.common.errors import StepFailed  # noqa: E402
 from builder.host import doctor  # noqa: E402
 from builder.smoke import gpus, results  # noqa: E402
-from tests.unit.smoke.test_gpus import ScriptedEngine, job_result, uuid  # noqa: E402
+from tests.unit.smoke.test_gpus import uuid  # noqa: E402
+from tests.unit.smoke.test_runner import ScriptedEngine  # noqa: E402
+from tests.unit.smoke_tests.test_ddp_checks import job_result  # noqa: E402
 
 H200 = "NVIDIA H200, 9.0, 580.95.05, Disabled"
 A100 = "NVIDIA A100-SXM4-80GB, 8.0, 580.95.05, Disabled"

@@ -17,19 +17,9 @@ import ptmg_contract as contract
 from builder.matrix import ImageSpec, Matrix
 from builder.publish import freshness
 from builder.publish import report as publish_report
-from tests.unit.publish.test_publisher import (
-    IMG_A,
-    IMG_B,
-    TAGS_A,
-    A,
-    B,
-    FakeResponse,
-    FakeSession,
-    World,
-    _digest,
-    _err,
-    _manifest,
-)
+from tests.unit.publish.test_client_auth import FakeResponse, FakeSession
+from tests.unit.publish.test_faults import _digest, _err, _manifest
+from tests.unit.publish.test_publisher import IMG_A, IMG_B, TAGS_A, A, B, World
 
 NOW = dt.datetime(2026, 12, 15, 6, tzinfo=dt.timezone.utc)
 SAME = {contract.LABEL_RECIPE_HASH: "sha256:r", contract.LABEL_OS_PACKAGES: "sha256:o",

@@ -26,19 +26,9 @@ from builder.engine.model import RunResult
 from builder.smoke import passes
 from tests.support import SEED_MATRIX, write_matrix
 from tests.unit.audit.test_osv import _vulnerable_lock
-from tests.unit.publish.test_publisher import (
-    FLOAT_A,
-    IMG_A,
-    TAGS_A,
-    A,
-    FakeEngine,
-    FakeRegistry,
-    FakeResponse,
-    FakeSession,
-    _digest,
-    _err,
-    _manifest,
-)
+from tests.unit.publish.test_client_auth import FakeResponse, FakeSession
+from tests.unit.publish.test_faults import _digest, _err, _manifest
+from tests.unit.publish.test_publisher import FLOAT_A, IMG_A, TAGS_A, A, FakeEngine, FakeRegistry
 
 CLEAN = [("idna", "3.20")]
 VULNERABLE = [("idna", "3.6")]  # GHSA-jjg7-2v4v-x38h (alias CVE-2024-3651) in tests/fixtures/osv

@@ -16,7 +16,8 @@ from builder.publish import address, client, faults, manifest_list, publisher
 from builder.publish import report as publish_report
 from builder.smoke import passes
 from tests.support import LATEST, SEED_MATRIX, small_matrix
-from tests.unit.publish.test_publisher import FakeEngine, FakeRegistry, _digest, _manifest, manifest_digest
+from tests.unit.publish.test_faults import _digest, _manifest
+from tests.unit.publish.test_publisher import FakeEngine, FakeRegistry, manifest_digest
 
 ARM = f"{LATEST}-arm64"
 MATRIX = SEED_MATRIX + """\

@@ -202,7 +202,8 @@ def test_a_bad_compression_is_one_line_and_exit_2(tmp_path: Path, args: list[str
 def test_zstd_is_refused_in_one_line_on_a_containerd_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                            capfd: pytest.CaptureFixture[str]) -> None:
     import builder.cli.main as cli
-    from tests.unit.publish.test_publisher import FakeResponse, FakeSession, _err
+    from tests.unit.publish.test_client_auth import FakeResponse, FakeSession
+    from tests.unit.publish.test_faults import _err
 
     engine = SavingEngine(FakeRegistry())
     engine.add(f"pt-multi-gpu:{A}", IMG_A, A)
