@@ -47,7 +47,7 @@ REPORT = "gpu-acceptance"
 UNIT_MODULES = ("pytest", "yaml", "jinja2", "docker", "requests", "packaging")
 #: The GPU-path unit tests: the host's GPUs and ranks, the in-image checks, the runner, the watchdog, busbw.
 GPU_PATH_UNIT = ("tests/unit/smoke/test_gpus.py", "tests/unit/smoke_tests/test_ddp_checks.py",
-                 "tests/unit/smoke/test_runner.py", "tests/unit/smoke_tests/test_ddp_watchdog.py",
+                 "tests/unit/smoke/test_runner_gpus.py", "tests/unit/smoke_tests/test_ddp_watchdog.py",
                  "tests/unit/smoke_tests/test_ddp_bench.py", "tests/unit/project/test_gpu_host_checks.py")
 
 

@@ -32,9 +32,11 @@ class Target:
 
 _U = "tests/unit/"
 _E = _U + "entrypoint/"
-_GPU_PATH = tuple(_U + f for f in ("smoke/test_gpus.py", "smoke_tests/test_ddp_checks.py", "smoke/test_runner.py",
+_GPU_PATH = tuple(_U + f for f in ("smoke/test_gpus.py", "smoke_tests/test_ddp_checks.py", "smoke/test_runner_gpus.py",
                                    "smoke_tests/test_ddp_watchdog.py", "smoke_tests/test_ddp_bench.py"))
-_SMOKE = (_U + "smoke_tests/test_smoke_logic.py", *_GPU_PATH)
+_SMOKE_LOGIC = tuple(_U + f for f in ("smoke_tests/test_smokelib.py", "smoke_tests/test_ddp_rules.py",
+                                      "smoke/test_torchrun.py", "smoke/test_results.py", "smoke/test_runner.py"))
+_SMOKE = (*_SMOKE_LOGIC, *_GPU_PATH)
 PLAN: tuple[Target, ...] = (
     # The root start and the services' input checks.
     Target("entrypoint/rootstart.py", (_E + "test_rootstart.py",)),

@@ -33,7 +33,7 @@ from tests.support import write_matrix
 from tests.unit.launch.test_config import CELL, cfg
 from tests.unit.launch.test_kubernetes import assert_valid
 from tests.unit.launch.test_slurm import FAKES, fake_bin, for_launcher, run_sbatch
-from tests.unit.smoke_tests.test_smoke_logic import sample_result
+from tests.unit.smoke.test_results import sample_result
 
 __all__ = ["fake_bin"]  # the fixture, used by name
 

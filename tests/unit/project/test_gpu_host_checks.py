@@ -147,7 +147,7 @@ from builder.common.errors import StepFailed  # noqa: E402
 from builder.host import doctor  # noqa: E402
 from builder.smoke import gpus, results  # noqa: E402
 from tests.unit.smoke.test_gpus import uuid  # noqa: E402
-from tests.unit.smoke.test_runner import ScriptedEngine  # noqa: E402
+from tests.unit.smoke.test_runner_gpus import ScriptedEngine  # noqa: E402
 from tests.unit.smoke_tests.test_ddp_checks import job_result  # noqa: E402
 
 H200 = "NVIDIA H200, 9.0, 580.95.05, Disabled"

@@ -1,273 +1,193 @@
-"""The host runner and `build.py test` against a scripted engine (builder/smoke/runner.py and
-builder/cli/verbs/test.py), on fake hosts of 1, 2 and 8 GPUs: --nodes 2 with GPUs hands every
-node container its own GPUs, a gloo fall-back fails, a host without GPUs fails before any
-container; and the same rank rule in the generated launch jobs."""
+"""The smoke runner against a fake engine (builder/smoke/runner.py): a multi-node run starts every
+node, collects every exit and cleans up (also when the engine fails), a node's kill plan, the GPU
+ids per node, a single node run standalone, and the selftest with the image's labels and JUnit."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 import ptmg_contract as contract
-from builder.cli import main as cli
-from builder.cli.verbs import test as test_verb
-from builder.common.errors import StepFailed
 from builder.engine import RunResult
-from builder.launch import LaunchConfig, render
-from builder.launch.config import ImagePin, LaunchError
-from builder.smoke import gpus, passes, results
-from tests import support
-from tests.unit.smoke.test_gpus import fake_query, uuid
-from tests.unit.smoke_tests.test_ddp_checks import job_result
+from builder.smoke import runner, torchrun
+from tests.unit.smoke.test_results import JUNIT, _line, _tar, sample_result
 
-# --- the host runner and `build.py test`, against a scripted engine ----------------------
+# --- builder.smoke orchestration against a fake engine ---------------------------
 
 
-class ScriptedEngine:
-    """A Docker engine whose containers print what the script says (selftest or DDP run)."""
+class FakeContainer:
+    def __init__(self, name: str, command: list[str], kwargs: dict[str, Any], log: str, code: int) -> None:
+        self.name, self.command, self.kwargs, self.log, self.code = name, command, kwargs, log, code
+        self.removed = False
+        self.killed = False
 
-    def __init__(self, ddp_result: dict[str, Any] | None, *, selftest_junit: str | None = None) -> None:
-        self.ddp_result = ddp_result
-        self.junit = selftest_junit or ('<testsuite tests="1"><testcase classname="test_versions" '
-                                        'name="test_env[torch]"/></testsuite>')
-        self.started: list[dict[str, Any]] = []
 
-    # images
-    def image_exists(self, ref: str) -> bool:
-        return True
+class FakeEngine:
+    """Records what the runner asks of the engine; each container 'runs' a scripted log."""
 
-    def image_id(self, ref: str) -> str:
-        return "sha256:" + "1" * 64
+    def __init__(self, logs: Sequence[str], codes: Sequence[int], *, wait_raises: bool = False,
+                 labels: dict[str, str] | None = None, archive: bytes | None = None) -> None:
+        self.logs_, self.codes, self.wait_raises = list(logs), list(codes), wait_raises
+        self.labels_ = labels or {}
+        self.archive_ = archive
+        self.started: list[FakeContainer] = []
+        self.networks: list[str] = []
+        self.removed_networks: list[str] = []
+        self.archived: list[str] = []
 
     def image_labels(self, ref: str) -> dict[str, str]:
-        return {"io.pt-multi-gpu.torch": "2.7.0"}
+        return dict(self.labels_)
 
-    # containers
-    def start(self, image: str, command: Sequence[str] | None = None, **kwargs: Any) -> dict[str, Any]:
-        c = {"image": image, "command": list(command or []), "kwargs": kwargs, "removed": False}
+    def _make(self, command: Sequence[str] | None, kwargs: dict[str, Any]) -> FakeContainer:
+        i = len(self.started)
+        c = FakeContainer(f"c{i}", list(command or []), kwargs, self.logs_[i], self.codes[i])
         self.started.append(c)
         return c
 
-    def wait(self, c: dict[str, Any], timeout: float) -> RunResult:
-        if c["command"][0] == "selftest" or self.ddp_result is None:
-            return RunResult(0, "selftest")
-        rank0 = c["kwargs"].get("alias", "node0") == "node0"
-        return RunResult(0, contract.DDP_RESULT_MARKER + json.dumps(self.ddp_result) if rank0 else "")
+    def start(self, image: str, command: Sequence[str] | None = None, **kwargs: Any) -> FakeContainer:
+        return self._make(command, kwargs)
 
-    def state(self, c: dict[str, Any]) -> dict[str, Any]:
-        return {"StartedAt": "2026-01-01T00:00:00Z", "FinishedAt": "2026-01-01T00:00:09Z", "OOMKilled": False}
+    def start_on_network(self, image: str, command: Sequence[str] | None, *, network: str, alias: str,
+                         **kwargs: Any) -> FakeContainer:
+        return self._make(command, {**kwargs, "network": network, "alias": alias})
 
-    def archive(self, c: dict[str, Any], path: str) -> bytes:
-        import io
-        import tarfile
+    def wait(self, container: FakeContainer, timeout: float) -> RunResult:
+        if self.wait_raises:
+            raise RuntimeError("engine went away")
+        code = 137 if container.killed else container.code
+        return RunResult(code, container.log)
 
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            data = self.junit.encode()
-            info = tarfile.TarInfo("junit.xml")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        return buf.getvalue()
+    def state(self, container: FakeContainer) -> dict[str, Any]:
+        second = 5 if container.killed else 9
+        return {"StartedAt": "2026-01-01T00:00:00Z", "FinishedAt": f"2026-01-01T00:00:0{second}.5Z",
+                "OOMKilled": False}
 
-    def logs(self, c: dict[str, Any]) -> str:
-        return ""
+    def logs(self, container: FakeContainer) -> str:
+        return container.log
 
-    def remove(self, c: dict[str, Any]) -> None:
-        c["removed"] = True
+    def kill(self, container: FakeContainer, signal: str = "SIGKILL") -> None:
+        container.killed = True
 
-    def cleanup_session(self) -> None:
-        pass
+    def archive(self, container: FakeContainer, path: str) -> bytes | None:
+        self.archived.append(path)
+        return self.archive_
 
-    def network(self, name: str) -> Any:
-        import contextlib
+    def remove(self, container: FakeContainer) -> None:
+        container.removed = True
 
-        @contextlib.contextmanager
-        def net() -> Iterator[Any]:
-            class Net:
-                pass
+    @contextlib.contextmanager
+    def network(self, name: str) -> Iterator[Any]:
+        self.networks.append(name)
 
-            n = Net()
-            n.name = name  # type: ignore[attr-defined]
-            yield n
+        class Net:
+            pass
 
-        return net()
-
-    # what the runner asked for
-    def ddp_containers(self) -> list[dict[str, Any]]:
-        return [c for c in self.started if c["command"][0] == "torchrun"]
-
-    def selftest_container(self) -> dict[str, Any]:
-        (c,) = [c for c in self.started if c["command"][0] == "selftest"]
-        return c
+        net = Net()
+        net.name = name  # type: ignore[attr-defined]
+        try:
+            yield net
+        finally:
+            self.removed_networks.append(name)
 
 
-def _run_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: ScriptedEngine, host_gpus: int,
-              *flags: str, env: dict[str, str] | None = None) -> int:
-    monkeypatch.setattr(gpus, "query_smi", fake_query(host_gpus))
-    monkeypatch.setenv("PTMG_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.delenv("PTMG_REQUIRE_MULTI_GPU", raising=False)
-    for k, v in (env or {}).items():
-        monkeypatch.setenv(k, v)
-    matrix = support.write_matrix(tmp_path)
-    args = cli.parser().parse_args(["test", "--config", str(matrix), "--only", support.MID, "--json",
-                                    "--junit-dir", str(tmp_path / "junit"), *flags])
-    ctx = cli._context(args)
-    ctx._engine = engine  # type: ignore[assignment]
-    return test_verb.run(ctx)
+def _engine(fake: FakeEngine) -> Any:
+    return fake
 
 
-def _verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-          engine: ScriptedEngine, host_gpus: int, *flags: str,
-          env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    rc = _run_verb(tmp_path, monkeypatch, engine, host_gpus, *flags, env=env)
-    (report,) = json.loads(capsys.readouterr().out)
-    return rc, report
+def test_multinode_starts_every_node_collects_every_exit_and_cleans_up() -> None:
+    ok_log = _line(sample_result())
+    fake = FakeEngine(logs=[ok_log, "node1 log"], codes=[0, 0])
+    run = runner.run_multinode(_engine(fake), "img:1", nodes=2, nproc_per_node=2, steps=5, timeout=60)
+    assert run.ok, run.summary()
+    assert [n.name for n in run.nodes] == ["node0", "node1"]
+    assert len(fake.networks) == 1 and fake.removed_networks == fake.networks
+    assert all(c.removed for c in fake.started)
+    for i, c in enumerate(fake.started):
+        assert c.kwargs["alias"] == c.kwargs["hostname"] == f"node{i}"
+        assert c.kwargs["network"] == fake.networks[0]
+        assert c.kwargs["shm_size"] == contract.SMOKE_SHM_SIZE
+        assert c.kwargs["environment"]["GLOO_SOCKET_IFNAME"] == "eth0"
+        assert c.kwargs["environment"]["NCCL_SOCKET_IFNAME"] == "eth0"
+        assert "device_requests" not in c.kwargs
+        argv = c.command
+        assert argv[argv.index("--rdzv_endpoint") + 1] == "node0:29400"
+        assert argv[argv.index("--nnodes") + 1] == "2"
+    ids = {c.command[c.command.index("--rdzv_id") + 1] for c in fake.started}
+    assert len(ids) == 1  # one rendezvous id shared by every node
 
 
-def test_one_gpu_host_ddp_verdict_is_skipped_never_passed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(1, "nccl"))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 1, "--require-gpu")
-    assert rc == 0  # nothing failed...
-    assert report["ddp"]["verdict"] == "skipped (one GPU)" and report["ddp"]["verdict"] != "passed"  # ...nothing passed
-    (ddp,) = engine.ddp_containers()
-    assert ddp["command"][ddp["command"].index("--nproc_per_node") + 1] == "1"  # not 2: rank 1 would have no GPU
-    assert ddp["kwargs"]["device_requests"][0]["device_ids"] == [uuid(0)]
-    rec = passes.smoke_pass(tmp_path, report["image_id"])
-    assert rec is not None and rec.ddp == "skipped (one GPU)" and rec.world_size == 1  # the record says so too
+def test_multinode_failure_of_one_node_fails_the_run() -> None:
+    fake = FakeEngine(logs=[_line(sample_result()), "boom"], codes=[0, 1])
+    run = runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
+    assert not run.ok
+    assert run.culprit is not None and run.culprit.name == "node1"
 
 
-def test_one_gpu_host_with_require_multi_gpu_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(1, "nccl"))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 1, "--require-gpu", "--require-multi-gpu")
-    assert rc == 1 and report["ddp"]["verdict"] == "failed"
-    assert any("--require-multi-gpu" in p for p in report["ddp"]["problems"])
-    assert "--require-multi-gpu" in engine.selftest_container()["command"]  # the in-image suite fails it too
-    assert passes.smoke_pass(tmp_path, report["image_id"]) is None
-    # the same from the environment (CI sets PTMG_REQUIRE_MULTI_GPU)
-    engine = ScriptedEngine(job_result(1, "nccl"))
-    rc, _ = _verb(tmp_path, monkeypatch, capsys, engine, 1, "--require-gpu", env={"PTMG_REQUIRE_MULTI_GPU": "1"})
-    assert rc == 1
+def test_multinode_cleans_up_when_the_engine_fails() -> None:
+    fake = FakeEngine(logs=["", ""], codes=[0, 0], wait_raises=True)
+    with pytest.raises(RuntimeError, match="engine went away"):
+        runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60)
+    assert all(c.removed for c in fake.started) and fake.removed_networks == fake.networks
 
 
-def test_eight_gpu_host_runner_and_selftest_ask_for_eight_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(8, "nccl", gpus_visible=8))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 8, "--require-gpu")
-    assert rc == 0 and report["ddp"]["verdict"] == "passed", report["ddp"]
-    (ddp,) = engine.ddp_containers()
-    assert ddp["command"][ddp["command"].index("--nproc_per_node") + 1] == "8"
-    assert ddp["kwargs"]["device_requests"][0]["device_ids"] == [uuid(i) for i in range(8)]
-    st = engine.selftest_container()
-    assert "--require-gpu" in st["command"] and "--nproc" not in st["command"]  # in-image default: every GPU
-    assert st["kwargs"]["device_requests"][0]["device_ids"] == [uuid(i) for i in range(8)]
+def test_multinode_kill_plan_kills_the_node_and_names_it() -> None:
+    marker = runner.KillPlan().when
+    fake = FakeEngine(logs=[f"PTMG_DDP rank 0: {marker}loss=1", "node1"], codes=[1, 0])
+    run = runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60, kill=runner.KillPlan(node=1))
+    assert fake.started[1].killed and not fake.started[0].killed
+    assert run.killed == "node1"
+    assert not run.ok
+    assert run.culprit is not None and run.culprit.name == "node1"  # it stopped first (state times)
+    assert "--step-sleep" in fake.started[0].command  # the run is slowed down so the kill lands mid-training
 
 
-def test_cuda_visible_devices_subset_reaches_the_containers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(2, "nccl", gpus_visible=2))
-    rc, _ = _verb(tmp_path, monkeypatch, capsys, engine, 8, "--require-gpu", env={"CUDA_VISIBLE_DEVICES": "6,7"})
-    assert rc == 0
-    (ddp,) = engine.ddp_containers()
-    assert ddp["kwargs"]["device_requests"][0]["device_ids"] == [uuid(6), uuid(7)]
-    assert ddp["command"][ddp["command"].index("--nproc_per_node") + 1] == "2"
+def test_multinode_kill_plan_that_never_fires_is_an_error() -> None:
+    fake = FakeEngine(logs=["nothing", "nothing"], codes=[0, 0])
+    with pytest.raises(runner.SmokeError, match="never injected"):
+        runner.run_multinode(_engine(fake), "img", nodes=2, timeout=60,
+                            kill=runner.KillPlan(node=1, within_s=0.2))
+    assert all(c.removed for c in fake.started)
 
 
-def test_two_nodes_with_gpus_pass_gpu_ids_to_both_node_containers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(8, "nccl", gpus_visible=4, nodes=2))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 8, "--require-gpu", "--nodes", "2")
-    assert rc == 0 and report["ddp"]["verdict"] == "passed", report["ddp"]
-    node0, node1 = engine.ddp_containers()
-    ids = [c["kwargs"]["device_requests"][0]["device_ids"] for c in (node0, node1)]
-    assert ids == [[uuid(i) for i in range(4)], [uuid(i) for i in range(4, 8)]]
-    for c in (node0, node1):
-        assert c["command"][c["command"].index("--nproc_per_node") + 1] == "4"
-        assert c["command"][c["command"].index("--nnodes") + 1] == "2"
-        assert c["kwargs"]["environment"]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+def test_multinode_gpu_ids_per_node() -> None:
+    fake = FakeEngine(logs=["", ""], codes=[0, 0])
+    runner.run_multinode(_engine(fake), "img", nodes=2, nproc_per_node=1, gpu_ids=torchrun.split_gpus(2, 2), timeout=60)
+    assert [c.kwargs["device_requests"][0]["device_ids"] for c in fake.started] == [["0"], ["1"]]
+    with pytest.raises(ValueError, match="one entry per node"):
+        runner.run_multinode(_engine(fake), "img", nodes=2, gpu_ids=[["0"]])
 
 
-def test_two_nodes_that_fell_back_to_gloo_fail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(4, "gloo", device="cpu", gpus_visible=0, nodes=2))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 4, "--require-gpu", "--nodes", "2")
-    assert rc == 1 and report["ddp"]["verdict"] == "failed"
-    assert any("backend gloo ran where nccl was required" in p for p in report["ddp"]["problems"])
-    assert report["ddp"]["result"]["backend"] == "gloo"  # the result says which backend ran
+def test_single_node_runs_torchrun_standalone() -> None:
+    fake = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1, backend="nccl"))], codes=[0])
+    run = runner.run_single_node(_engine(fake), "img", nproc=2, gpus=True)
+    assert run.ok and run.passed and run.world_size == 2
+    c = fake.started[0]
+    assert "--standalone" in c.command and c.removed
+    assert c.kwargs["device_requests"] == [{"count": -1, "capabilities": [["gpu"]]}]
+    # GPUs given, gloo ran: a fall-back is a failure, not a GPU pass
+    fell_back = FakeEngine(logs=[_line(sample_result(world_size=2, nodes=1))], codes=[0])
+    run = runner.run_single_node(_engine(fell_back), "img", nproc=2, gpus=True)
+    assert not run.ok and "backend gloo ran where nccl was required" in run.summary()
 
 
-def test_require_gpu_on_a_host_without_gpus_fails_before_any_container(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = ScriptedEngine(None)
-    with pytest.raises(StepFailed, match="--require-gpu: no GPU visible on this host"):
-        _run_verb(tmp_path, monkeypatch, engine, 0, "--require-gpu")
-    assert engine.started == []
-    with pytest.raises(StepFailed, match="--nodes 2"):
-        _run_verb(tmp_path, monkeypatch, engine, 1, "--require-gpu", "--nodes", "2")
+def test_selftest_passes_the_image_labels_and_collects_junit() -> None:
+    fake = FakeEngine(logs=["summary"], codes=[0], labels={"io.pt-multi-gpu.torch": "2.7.0", "project": "x"},
+                      archive=_tar("junit.xml", JUNIT.encode()))
+    run = runner.run_selftest(_engine(fake), "img", gpus=True)
+    c = fake.started[0]
+    assert c.command[0] == "selftest" and "--require-gpu" in c.command
+    assert json.loads(c.command[c.command.index("--expect-json") + 1]) == {"io.pt-multi-gpu.torch": "2.7.0"}
+    assert fake.archived == [c.command[c.command.index("--junit") + 1]]
+    assert c.removed
+    assert run.counts.failed == 1 and not run.ok  # JUnit says a check failed, whatever the exit code
+    assert "FAILED test_versions::test_env[cuda]" in run.summary()
 
 
-def test_cpu_run_is_unchanged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                              capsys: pytest.CaptureFixture[str]) -> None:
-    engine = ScriptedEngine(job_result(2, "gloo", device="cpu", gpus_visible=0))
-    rc, report = _verb(tmp_path, monkeypatch, capsys, engine, 8, env={"PTMG_REQUIRE_MULTI_GPU": "1"})
-    assert rc == 0 and report["ddp"]["verdict"] == "passed"
-    (ddp,) = engine.ddp_containers()
-    assert "device_requests" not in ddp["kwargs"]  # no --require-gpu: CPU ranks, whatever the host has
-    assert ddp["command"][ddp["command"].index("--nproc_per_node") + 1] == "2"
-
-
-def test_ddp_run_verdicts() -> None:
-    node = results.NodeRun("node0", 0, False, "")
-    one = results.DDPResult.from_json(job_result(1, "nccl"))
-    run = results.DDPRun("img", (node,), 1, one, 1.0, expect_backend="nccl")
-    assert run.ok and not run.passed and run.verdict == "skipped (one GPU)"
-    assert "SKIPPED (ONE GPU)" in run.summary() and "PASS " not in run.summary()
-    assert "one GPU, NCCL transport not exercised" in run.summary()
-    strict = results.DDPRun("img", (node,), 1, one, 1.0, expect_backend="nccl", require_multi=True)
-    assert not strict.ok and strict.verdict == "failed"
-    # results from images built before the verdict field: the same rule
-    old = job_result(1, "nccl")
-    del old["verdict"], old["checks"]
-    assert results.DDPResult.from_json(old).verdict == "skipped (one GPU)"
-
-
-# --- launch: the same rule in the generated jobs -----------------------------------------
-
-
-def _launch_cfg(**over: Any) -> LaunchConfig:
-    base: dict[str, Any] = {"cell": support.MID, "image": ImagePin("reg/pt:1", "reg/pt:1"), "nodes": 2,
-                            "gpus_per_node": 8, "nproc_per_node": 8}
-    base.update(over)
-    return LaunchConfig(**base)
-
-
-def test_launch_asks_for_eight_ranks_on_eight_gpu_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    matrix = support.write_matrix(tmp_path)
-    rc = cli.main(["launch", "--config", str(matrix), "--only", support.MID, "--target", "slurm", "--no-pin"])
-    out = capsys.readouterr().out
-    assert rc == 0 and "--nproc_per_node 8" in out and "--gpus-per-node=8" in out  # the default: 8 GPUs, 8 ranks
-    for target in ("pytorchjob", "jobset"):
-        docs = list(yaml.safe_load_all(render(target, _launch_cfg())))
-        pods = [d["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"] if target == "pytorchjob" else
-                d["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
-                for d in docs if d["kind"] in ("PyTorchJob", "JobSet")]
-        (main,) = pods[0]["containers"]
-        assert main["args"][main["args"].index("--nproc_per_node") + 1] == "8"
-        assert main["resources"]["limits"]["nvidia.com/gpu"] == 8
-    assert "--bench-sizes" not in " ".join(_launch_cfg().script)  # the job's own sizes: up to 1 GiB on NCCL
-
-
-def test_launch_refuses_more_ranks_than_gpus() -> None:
-    with pytest.raises(LaunchError, match="NCCL needs one GPU per rank"):
-        _launch_cfg(nproc_per_node=16)
-    _launch_cfg(nproc_per_node=4)  # fewer is the user's choice
-    _launch_cfg(gpus_per_node=0, nproc_per_node=4)  # CPU ranks
-
-
+def test_selftest_without_junit_is_a_failure() -> None:
+    fake = FakeEngine(logs=["crashed early"], codes=[0], archive=None)
+    run = runner.run_selftest(_engine(fake), "img", expect={})
+    assert run.junit_xml is None and not run.ok
