@@ -91,8 +91,8 @@ PLAN: tuple[Target, ...] = (
     Target("entrypoint/ptmg_userenv.py", (_U + "entrypoint/test_userenv.py",)),
     Target("entrypoint/pip-hint", (_U + "entrypoint/test_pip_hint.py",)),
     # The HPC export: the runtime files, the all-or-nothing write, the digest the verb reports.
-    Target("builder/export/runtime_files.py", (_U + "export/test_export.py",)),
-    Target("builder/export/squash.py", (_U + "export/test_export.py",)),
+    Target("builder/export/runtime_files.py", (_U + "export/test_runtime_files.py", _U + "export/test_squash.py")),
+    Target("builder/export/squash.py", (_U + "export/test_squash.py",)),
     Target("builder/cli/verbs/export.py", (_U + "cli/verbs/test_export.py",), only=("run",)),
     # Whether a cell runs on the host's GPUs; what the engine can do, never read off a version.
     Target("builder/smoke/gpufit.py", (_U + "smoke/test_gpufit.py",)),

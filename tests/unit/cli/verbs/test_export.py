@@ -1,6 +1,6 @@
 """`build.py export`'s verb: where it writes by default, and what it reports (the table and
 build-logs/<name>.export-<format>.json): the file's own size and sha256. The export itself:
-tests/unit/export/test_export.py."""
+tests/unit/export/test_squash.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from builder.cli.verbs import export as export_verb
 from builder.export import squash
-from tests.unit.export.test_export import FakeEngine, _tool
+from tests.unit.export.test_squash import FakeEngine, _tool
 
 
 @pytest.fixture
