@@ -45,6 +45,10 @@ PREFLIGHT_S = 60.0  # the probe imports torch once; the rest of the budget is th
 REPORT = "gpu-acceptance"
 #: What the GPU-path unit tests import through builder/ (its dependencies, not a GPU host's).
 UNIT_MODULES = ("pytest", "yaml", "jinja2", "docker", "requests", "packaging")
+#: The GPU-path unit tests: the host's GPUs and ranks, the in-image checks, the runner, the watchdog, busbw.
+GPU_PATH_UNIT = ("tests/unit/smoke/test_gpus.py", "tests/unit/smoke_tests/test_ddp_checks.py",
+                 "tests/unit/smoke/test_runner_gpus.py", "tests/unit/smoke_tests/test_ddp_watchdog.py",
+                 "tests/unit/smoke_tests/test_ddp_bench.py", "tests/unit/project/test_gpu_host_checks.py")
 
 
 @dataclass(frozen=True)
@@ -75,9 +79,8 @@ STEPS: tuple[Step, ...] = (
     Step("gpu-path-unit", "the GPU-path unit tests (fake nvidia-smi and torch: the rules before the GPU); "
          "they need the builder's own dependencies, so a bare host may not run them",
          ("{unit_python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist", "-o", "addopts=",
-          "--junitxml", "{out}/junit/gpu-path-unit.xml", "tests/unit/test_gpu_path.py",
-          "tests/unit/test_gpu_first_contact.py"), 45,
-         needs=UNIT_MODULES, files=("tests/unit/test_gpu_path.py", "tests/unit/test_gpu_first_contact.py"),
+          "--junitxml", "{out}/junit/gpu-path-unit.xml", *GPU_PATH_UNIT), 45,
+         needs=UNIT_MODULES, files=GPU_PATH_UNIT,
          junit=True, optional=True),
     Step("gpu", "CUDA, a kernel, cuDNN conv2d and the arch list on every GPU (each in a child process)",
          _pytest("{python}", "gpu", str(SMOKE / "test_gpu.py"), "--require-gpu"), 75,

@@ -11,7 +11,7 @@ Env:
   PTMG_TEST_IMAGE  use this image instead and build nothing (fast local runs;
                    the leak scan then has no planted secrets and only checks CAs)
 
-The other native cells of images.yaml (test_supply and test_weekone test them) and the arm64
+The other native cells of images.yaml (test_supply and test_training_features test them) and the arm64
 cell are built in the background from the session's start (conftest.py, background.py), alongside
 this one: a base missing on a fresh machine is bootstrapped once (build.py holds a per-base lock
 across processes), and each build has its own context folder (.build/context-N, locked likewise).

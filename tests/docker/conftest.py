@@ -95,7 +95,7 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 #: Modules that test every native cell: when the session runs one, the other native cells are
 #: built in the background from the start (background.py).
-NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_weekone.py")
+NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_training_features.py")
 #: Modules that run last, in this order. test_arm64's heavy work (the arm64 cell's emulated build
 #: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
 #: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
