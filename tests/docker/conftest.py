@@ -100,8 +100,10 @@ NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_training_features.py")
 #: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
 #: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
 #: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done;
-#: test_enroot runs the same squashfs (exported_sqsh), and enroot's own import of the image, after it.
-RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_enroot.py")
+#: test_pyxis and test_enroot run the same squashfs (exported_sqsh, held until the session ends), and
+#: test_enroot enroot's own import of the image, after it. Any module that takes exported_sqsh runs
+#: here: run earlier, it would hold the 4 GB export beside every build of the session.
+RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
