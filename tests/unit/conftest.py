@@ -10,11 +10,14 @@ the test is marked ``allowed_skip(reason=...)``."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests import skipguard
+from tests.docker.registry import LocalRegistry
 from tests.support import NO_ENGINE, ROOT
 
 pytest_runtest_makereport = skipguard.unit_tier_report
@@ -30,3 +33,22 @@ def no_docker_engine(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("PTMG_OSV_DIR", str(ROOT / "tests" / "fixtures" / "osv"))
     yield
 
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
+    """A real registry (Debian's docker-registry 2.8) on 127.0.0.1, one per module that asks."""
+    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
+    try:
+        yield reg
+    finally:
+        reg.stop()
+
+
+@pytest.fixture
+def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder first on PATH for the test's stand-in tools."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    return bindir

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,15 +36,6 @@ CELL = "2.7.0-cuda12.6-cudnn9-runtime"
 ENTRY = {"name": CELL, "torch": "2.7.0", "cuda": "12.6", "platform": "linux/amd64"}
 LOCK = "ab" * 32
 SNAPSHOT = "sha256:" + "cd" * 32
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
-    try:
-        yield reg
-    finally:
-        reg.stop()
 
 
 @pytest.fixture

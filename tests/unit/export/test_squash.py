@@ -54,14 +54,6 @@ def _tool(bindir: Path, name: str, body: str) -> None:
     (bindir / name).chmod(0o755)
 
 
-@pytest.fixture
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    return bindir
-
-
 def test_export_writes_the_file_only_when_complete(tmp_path: Path, fake_tools: Path) -> None:
     # the fake mksquashfs records what it was given: the rootfs with the runtime files, no dev/*
     _tool(fake_tools, "mksquashfs", 'cat "$1/etc/environment" "$1/etc/hello" > "$2"; ls -A "$1/dev" >> "$2"')

@@ -9,11 +9,8 @@ import base64
 import json
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 import ptmg_contract as contract
 from builder.attest import keys, statements
@@ -27,15 +24,6 @@ from tests.support import build_py, small_matrix
 from tests.unit.attest.test_verify import SNAPSHOT, push_image
 
 SUITES = "bookworm@2026-07-11T10:16:37Z bookworm-security@2026-12-02T23:13:43Z"
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRegistry]:
-    reg = LocalRegistry(tmp_path_factory.mktemp("registry")).start()
-    try:
-        yield reg
-    finally:
-        reg.stop()
 
 
 class FakeEngine:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +15,6 @@ import pytest
 from builder.cli.verbs import export as export_verb
 from builder.export import squash
 from tests.unit.export.test_squash import FakeEngine, _tool
-
-
-@pytest.fixture
-def fake_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    return bindir
 
 
 def test_the_verb_reports_the_files_own_size_and_sha256(tmp_path: Path, fake_tools: Path) -> None:
