@@ -250,3 +250,17 @@ def test_devel_toolkit_fails_on_another_major_and_warns_on_another_minor(release
                            "-p", "no:cacheprovider", str(ROOT / "smoke_tests" / "test_devel.py"), "-k", "toolkit",
                            "-rA"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert (proc.returncode == 0) == passes and says in proc.stdout, proc.stdout
+
+
+def test_the_readmes_dry_run_as_typed(tmp_path: Path) -> None:
+    """README: `make gpu-acceptance ARGS=--dry-run` prints the command, its limit and where things land, and
+    lists what this host lacks (it has no GPU): make's exit 2 carries the script's 1, a ready host gives 0."""
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    p = subprocess.run(["make", "gpu-acceptance", "ARGS=--dry-run"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+    out = p.stdout + p.stderr
+    assert "--budget 540" in out and "time limit: 540 s in all" in out, out[-3000:]
+    assert f"report: {tmp_path / 'out'}/gpu-acceptance.json" in out, out[-3000:]
+    if p.returncode != 0:
+        assert p.returncode == 2 and "missing prerequisite(s)" in out and "[MISSING] nvidia-smi" in out, out[-3000:]
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())  # a dry run writes nothing
