@@ -5,9 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PY := $(BIN)/python
 ARGS ?=
-# The docker tier's selection: the Docker 28 tests (modern_engine) run alone, with
-# `make test-modern-engine`, until they fit make test's time and disk budget (docs/testing.md).
-DOCKER_MARKERS ?= not modern_engine
+# The docker tier's selection: everything but `build.py repro`'s two cold builds on Docker 28 (about 16
+# minutes on 2 cores, over the tier's budget: docs/testing.md), which `make test-repro` runs.
+DOCKER_MARKERS ?= not repro
 # Platforms of the cells to build/test (--platforms): native (default: this host's), all, linux/arm64.
 # Other platforms build under qemu emulation (much slower); `make test` covers them all.
 PLATFORMS ?=
@@ -19,7 +19,7 @@ PTMG_THIRDPARTY_DIR ?= $(abspath $(wildcard ../shared/thirdparty))
 export PTMG_THIRDPARTY_DIR
 
 .DEFAULT_GOAL := help
-.PHONY: help images test test-unit test-modern-engine mutants render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance
+.PHONY: help images test test-unit test-modern-engine test-repro mutants render check lint engine tools base doctor matrix smoke publish pictures clean gpu-acceptance
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -98,8 +98,11 @@ test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real
 	[ $$docker = 0 ] || [ $$docker = 5 ] || exit $$docker; \
 	[ $$unit$$docker != 55 ] || { echo "make test: ARGS=$(ARGS) selects no test" >&2; exit 5; }
 
-test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone (a second engine, both image stores; not yet in `make test`)
+test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone (a second engine, both image stores; also in `make test`)
 	$(PY) -m pytest --durations=25 tests/docker -m modern_engine $(ARGS)
+
+test-repro: $(VENV)/.installed engine tools ## `build.py repro`'s two cold builds on Docker 28's containerd store (~16 min; not in `make test`)
+	$(PY) -m pytest --durations=25 tests/docker -m repro $(ARGS)
 
 # Mutation testing of the safety modules (scripts/mutants_plan.py), cosmic-ray pinned in
 # requirements-mutants.txt and installed on first use. SCOPE=changed: only the modules (or their

@@ -22,6 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "docker: needs a Docker engine; builds and runs real images")
     config.addinivalue_line("markers", skipguard.MARKER_HELP)
     config.addinivalue_line("markers", "modern_engine: runs on a second, current Docker engine (scripts/engine28.sh)")
+    config.addinivalue_line("markers", "repro: two cold builds on the second engine (make test-repro; not in make test)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

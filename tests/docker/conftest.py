@@ -104,14 +104,20 @@ NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_training_features.py")
 #: test_enroot enroot's own import of the image, after it. Any module that takes exported_sqsh runs
 #: here: run earlier, it would hold the 4 GB export beside every build of the session.
 RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py")
+#: Modules that run after NATIVE_FOR, before RUN_LAST: the second engine's cold builds (test_modern_engine:
+#: its data-root peaks at about 15 GB) wait until the native cells' builds are done and their build cache
+#: is dropped, and end before the export holds its 4 GB.
+AFTER_NATIVE = ("test_modern_engine.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules in NATIVE_FOR after the others (the background build of the native cells
-    overlaps those), then RUN_LAST in its order; stable: each group keeps its order."""
+    overlaps those), then AFTER_NATIVE, then RUN_LAST in its order; stable: each group keeps its order."""
     def rank(item: pytest.Item) -> int:
         name = item.path.name
-        return 2 + RUN_LAST.index(name) if name in RUN_LAST else int(name in NATIVE_FOR)
+        if name in RUN_LAST:
+            return 3 + RUN_LAST.index(name)
+        return 2 if name in AFTER_NATIVE else int(name in NATIVE_FOR)
     items.sort(key=rank)
 
 
