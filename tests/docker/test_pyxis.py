@@ -9,7 +9,8 @@ as written (the session's export, conftest.exported_sqsh), as the user `pt`: 2 n
   script's --container-mounts. While it trains, each node holds the squashfs mounted (squashfuse).
 - `selftest --require-gpu` on CPU fails the job, and the job log says why; the selftest names
   enroot/pyxis as its runtime (it runs in the squashfs's root, not the node's) and the image's
-  environment (PTMG_CELL, from the image's /etc/environment) reached it.
+  environment reached it (the cell from PTMG_CELL: the job is submitted with --export=NONE, so it
+  comes from the squashfs's /etc/environment, not from the submitting shell).
 - A node killed mid-run ends the job NODE_FAIL or FAILED, never COMPLETED, and it is not requeued.
 
 Runs last in the docker tier (conftest.RUN_LAST: it holds exported_sqsh, 4 GB). Every container,
@@ -39,7 +40,7 @@ from tests.support import wait_until
 
 from .cellimage import BuiltCell
 from .pyxis_cluster import build_pyxis_image, node_options
-from .slurm_cluster import JOBS, SlurmCluster, SlurmClusterError
+from .slurm_cluster import FINAL_STATES, JOBS, SlurmCluster, SlurmClusterError
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +109,7 @@ def test_pyxis_runs_the_ddp_job_across_two_nodes(cluster: SlurmCluster, built_ce
 
     def trained_or_ended() -> bool:  # meanwhile: which nodes hold the squashfs mounted
         mounted.update(n for n in sorted(HOSTS) if str(exported_sqsh) in cluster.processes(n, "squashfuse"))
-        return contract.DDP_KILL_TRIGGER in cluster.output(job) or cluster.job(job).get("JobState") not in (
-            "PENDING", "CONFIGURING", "RUNNING", None)
+        return contract.DDP_KILL_TRIGGER in cluster.output(job) or cluster.job(job).get("JobState") in FINAL_STATES
 
     wait_until(trained_or_ended, JOB_S, interval=1, what=f"job {job} training")
     info, text = finish(cluster, job, JOB_S)
@@ -129,8 +129,10 @@ def test_pyxis_runs_the_ddp_job_across_two_nodes(cluster: SlurmCluster, built_ce
 def test_require_gpu_on_cpu_fails_the_pyxis_job_and_says_why(cluster: SlurmCluster, built_cell: BuiltCell,
                                                              exported_sqsh: Path, tmp_path: Path) -> None:
     command = shlex.join([f"{contract.SMOKE_DIR}/selftest.py", "--require-gpu", "-k", "test_cuda_available"])
+    # Submitted with --export=NONE: no PTMG_CELL from the submitting shell, only from the image (enroot's
+    # /etc/environment of the squashfs).
     job = cluster.sbatch(generate(tmp_path, built_cell.cell, exported_sqsh, "--nproc-per-node", "1",
-                                  "--command", command), "gpu.sbatch")
+                                  "--command", command), "gpu.sbatch", "--export=NONE")
     info, text = finish(cluster, job, JOB_S)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", f"{info}\n{text[-4000:]}"
     assert "--require-gpu: " in text and "FAIL " in text, text[-4000:]
@@ -149,8 +151,9 @@ def test_a_killed_node_ends_the_pyxis_job_without_a_requeue(cluster: SlurmCluste
     job = cluster.sbatch(generate(tmp_path, built_cell.cell, exported_sqsh, "--mount", "/shared:/shared",
                                   "--command", command), f"{run}.sbatch")
     try:
-        wait_until(lambda: contract.DDP_KILL_TRIGGER in cluster.output(job), JOB_S, interval=1,
-                   what=f"job {job} training")
+        wait_until(lambda: contract.DDP_KILL_TRIGGER in cluster.output(job) or cluster.job(job).get("JobState")
+                   in FINAL_STATES, JOB_S, interval=1, what=f"job {job} training")
+        assert contract.DDP_KILL_TRIGGER in cluster.output(job), f"{cluster.job(job)}\n{cluster.output(job)[-4000:]}"
         killed = time.monotonic()
         cluster.kill("node2")
         info, text = finish(cluster, job, NODE_FAIL_S)
