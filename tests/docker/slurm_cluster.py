@@ -75,9 +75,10 @@ def cell_os(cell: str) -> str:
 
 
 def build_slurm_image(client: docker.DockerClient, cell: str, base_ref: str, labels: Mapping[str, str],
-                      log_dir: Path) -> str:
-    """Build slurm_cluster/Dockerfile FROM ``base_ref`` through the project's engine (BuildKit, the
-    host's CA and proxy settings as the same build secrets a cell build gets); returns the tag."""
+                      log_dir: Path, context: Path = HERE, tail: str = "") -> str:
+    """Build slurm_cluster/Dockerfile (plus ``tail``, more instructions, from ``context``) FROM
+    ``base_ref`` through the project's engine (BuildKit, the host's CA and proxy settings as the same
+    build secrets a cell build gets); returns the tag."""
     tag = f"{IMAGE_REPO}:{cell}-{uuid.uuid4().hex[:8]}"
     cli = find_buildkit_cli()
     if cli is None:
@@ -85,9 +86,9 @@ def build_slurm_image(client: docker.DockerClient, cell: str, base_ref: str, lab
     engine = Engine(client, labels=labels)
     with tempfile.TemporaryDirectory(prefix="ptmg-slurm-df-") as tmp:
         dockerfile = Path(tmp) / "Dockerfile"
-        dockerfile.write_text((HERE / "Dockerfile").read_text().replace("@OS@", cell_os(cell)))
+        dockerfile.write_text(((HERE / "Dockerfile").read_text() + tail).replace("@OS@", cell_os(cell)))
         with secret_files(detect(os.environ)) as secrets:
-            req = BuildRequest(context=HERE, dockerfile=dockerfile, labels=dict(labels), secrets=secrets,
+            req = BuildRequest(context=context, dockerfile=dockerfile, labels=dict(labels), secrets=secrets,
                                log_path=log_dir / "slurm-image-build.log", build_args={"BASE": base_ref})
             outcome = engine.build(req, lambda _line: None, cli)
     if not outcome.ok or outcome.image_id is None:
@@ -184,8 +185,11 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 class SlurmCluster:
     def __init__(self, client: docker.DockerClient, image: str, labels: Mapping[str, str], nodes: int = 2,
-                 cpus: int = 2, slurmd_timeout: int = 10, message_timeout: int = 5) -> None:
+                 cpus: int = 2, slurmd_timeout: int = 10, message_timeout: int = 5,
+                 run_options: Mapping[str, Any] | None = None) -> None:
+        """run_options: more keywords of every container's run (pyxis: seccomp, /dev/fuse, volumes)."""
         self.client, self.image, self.nodes = client, image, nodes
+        self.run_options = dict(run_options or {})
         self.id = uuid.uuid4().hex[:8]
         self.prefix = f"ptmg-slurm-{self.id}"
         self.labels = {**labels, CLUSTER_LABEL: self.id}
@@ -217,7 +221,9 @@ class SlurmCluster:
         ips = {name: f"{prefix}.{10 + i}" for i, name in enumerate(self.names)}
         etc = self.client.volumes.create(f"{self.prefix}-etc", labels=self.labels)
         shared = self.client.volumes.create(f"{self.prefix}-shared", labels=self.labels)
-        volumes = {etc.name: {"bind": "/etc/ptmg-slurm", "mode": "ro"}, shared.name: {"bind": SHARED, "mode": "rw"}}
+        options = dict(self.run_options)
+        volumes = {etc.name: {"bind": "/etc/ptmg-slurm", "mode": "ro"}, shared.name: {"bind": SHARED, "mode": "rw"},
+                   **options.pop("volumes", {})}
         filler = self.client.containers.create(self.image, entrypoint=["true"], labels=self.labels,
                                                volumes={etc.name: {"bind": "/cfg"}, shared.name: {"bind": SHARED}})
         try:
@@ -235,7 +241,7 @@ class SlurmCluster:
             self.containers[name] = self.client.containers.run(
                 self.image, ["controller" if name == "slurmctl" else "node"], name=f"{self.prefix}-{name}",
                 hostname=name, network=net.name, networking_config={net.name: endpoint},
-                extra_hosts=dict(ips), labels=self.labels, shm_size="1g", volumes=volumes, detach=True)
+                extra_hosts=dict(ips), labels=self.labels, shm_size="1g", volumes=volumes, detach=True, **options)
         # wait_until() takes an exception for "not yet": an exited container is returned as a message.
         state = wait_until(self._all_idle, timeout, interval=0.5, what=f"{self.nodes} idle Slurm nodes")
         if state != "idle":

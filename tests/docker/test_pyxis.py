@@ -1,92 +1,168 @@
-"""pyxis 0.24.0 (built from its release source, loaded into Slurm 22.05's slurmd through
-plugstack.conf) runs the sbatch script of `build.py launch --target slurm --launcher pyxis
---image-file X.sqsh` as written, on a one-node Slurm cluster on this host (slurm_local.py): enroot
-4.1.2 starts the exported squashfs and the image's DDP job passes over gloo with 2 CPU ranks; a
-crashing rank fails the job.
+"""pyxis 0.24.0 on the multi-node Slurm 22.05 cluster (slurm_cluster.py, nodes from pyxis_cluster.py:
+enroot 4.1.2 and pyxis built from their release sources, loaded through plugstack.conf).
 
-One host only: the multi-node cluster of containers (slurm_cluster.py) does not run pyxis yet
-(docs/launch.md). The job runs as root (LocalSlurm submits as root); enroot's paths for it are
-private to this module (slurmd's environment, which pyxis hands to enroot) and removed at its end.
+`sbatch` runs the script of `build.py launch --target slurm --launcher pyxis --image-file X.sqsh`
+as written (the session's export, conftest.exported_sqsh), as the user `pt`: 2 nodes x 2 CPU ranks
+(gloo), world size 4, each node's torchrun in an enroot container of the squashfs.
+
+- The image's DDP job passes across the nodes; its record reaches the job's directory through the
+  script's --container-mounts. While it trains, each node holds the squashfs mounted (squashfuse).
+- `selftest --require-gpu` on CPU fails the job, and the job log says why; the selftest names
+  enroot/pyxis as its runtime (it runs in the squashfs's root, not the node's) and the image's
+  environment reached it (the cell from PTMG_CELL: the job is submitted with --export=NONE, so it
+  comes from the squashfs's /etc/environment, not from the submitting shell).
+- A node killed mid-run ends the job NODE_FAIL or FAILED, never COMPLETED, and it is not requeued.
+
+Runs last in the docker tier (conftest.RUN_LAST: it holds exported_sqsh, 4 GB). Every container,
+network, volume and the test image carry the session's labels and are removed at the module's end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shlex
-import shutil
 import subprocess
 import sys
-import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import docker
+import docker.errors
 import pytest
 
 import ptmg_contract as contract
 from builder.smoke.results import find_ddp_result
 from builder.smoke.torchrun import ddp_job_args
+from tests.support import wait_until
 
 from .cellimage import BuiltCell
-from .slurm_local import LocalSlurm, SlurmUnavailable, free_port
+from .pyxis_cluster import build_pyxis_image, node_options
+from .slurm_cluster import FINAL_STATES, JOBS, SlurmCluster, SlurmClusterError
+
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-PYXIS_SO = Path("/usr/local/lib/slurm/spank_pyxis.so")
-JOB_TIMEOUT = 900  # enroot unpacks the 4 GB squashfs, then a 2-rank gloo DDP job, on a busy 2-core host
+NODES, NPROC = 2, 2
+HOSTS = {f"node{i}" for i in range(1, NODES + 1)}
+JOB_S = 600  # submit -> COMPLETED: both nodes mount the squashfs and import torch from it on a busy 2-core host
+NODE_FAIL_S = 90  # docker kill -> the job ended (SlurmdTimeout=10, MessageTimeout=5)
 
 
 @pytest.fixture(scope="module")
-def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
-    if not PYXIS_SO.exists() or shutil.which("enroot") is None:
-        pytest.fail("pyxis or enroot is not installed. Fix: PTMG_THIRDPARTY_DIR=DIR scripts/ensure-tools.sh test "
-                    "(DIR: the enroot and pyxis release tarballs; `make test` uses ../shared/thirdparty)", pytrace=False)
-    root = tmp_path_factory.mktemp("slurm-pyxis")
-    plugstack = root / "plugstack.conf"
-    plugstack.write_text(f"required {PYXIS_SO}\n")
-    enroot_dir = Path(tempfile.mkdtemp(prefix="ptmg-pyxis-enroot-", dir="/var/tmp"))
-    paths = {f"ENROOT_{n}_PATH": str(enroot_dir / n.lower()) for n in ("RUNTIME", "CACHE", "DATA", "TEMP")}
-    cluster = LocalSlurm(root, extra_conf=(f"PlugStackConfig={plugstack}",), daemon_env=paths)
+def cluster(built_cell: BuiltCell, exported_sqsh: Path, docker_client: docker.DockerClient,
+            session_labels: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    t0 = time.monotonic()
     try:
-        cluster.start()
-    except SlurmUnavailable as exc:
-        shutil.rmtree(enroot_dir, ignore_errors=True)
-        pytest.fail(f"a local Slurm cluster can't start: {exc}", pytrace=False)
+        image = build_pyxis_image(docker_client, built_cell.cell, built_cell.ref, session_labels,
+                                  tmp_path_factory.mktemp("pyxis-image"))
+    except (SlurmClusterError, RuntimeError) as exc:
+        pytest.fail(str(exc), pytrace=False)
+    print(f"Slurm + pyxis layer {image} built in {time.monotonic() - t0:.1f} s")
+    c = SlurmCluster(docker_client, image, session_labels, nodes=NODES, run_options=node_options(exported_sqsh))
     try:
-        yield cluster
+        try:
+            c.start(timeout=120)
+        except SlurmClusterError as exc:
+            pytest.fail(str(exc), pytrace=False)
+        print(f"Slurm cluster {c.id} (pyxis) up in {c.up_seconds:.1f} s")
+        yield c
     finally:
-        cluster.stop()
-        shutil.rmtree(enroot_dir, ignore_errors=True)
+        c.stop()
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            docker_client.images.remove(image, force=True)
+        left = c.leftovers()
+        assert not left, f"left behind by Slurm cluster {c.id}: {left}"
 
 
-def generate(tmp: Path, built_cell: BuiltCell, sqsh: Path, *extra: str) -> Path:
+def generate(tmp: Path, cell: str, sqsh: Path, *extra: str) -> str:
+    """`build.py launch` itself, as a user runs it."""
     argv = [sys.executable, str(ROOT / "build.py"), "launch", "--target", "slurm", "--launcher", "pyxis",
-            "--only", built_cell.cell, "--image-file", str(sqsh), "--nodes", "1", "--gpus-per-node", "0",
-            "--nproc-per-node", "2", "--rdzv-port", str(free_port()), "--time", "00:15:00",
-            "--mem", "0",  # this node's slurm.conf states no RealMemory
-            "--out", str(tmp), *extra]
+            "--only", cell, "--image-file", str(sqsh), "--nodes", str(NODES), "--gpus-per-node", "0",
+            "--nproc-per-node", str(NPROC), "--time", "00:15:00", "--mem", "512M", "--out", str(tmp), *extra]
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
-    return tmp / built_cell.cell / "slurm.sbatch"
+    return (tmp / cell / "slurm.sbatch").read_text()
 
 
-def run_job(slurm: LocalSlurm, script: Path, tmp: Path) -> tuple[dict[str, str], str]:
-    return slurm.run(script, tmp, JOB_TIMEOUT)
+def finish(cluster: SlurmCluster, job: str, timeout: float) -> tuple[dict[str, str], str]:
+    try:
+        info = cluster.wait(job, timeout)
+    except AssertionError:
+        cluster.cancel(job)
+        raise AssertionError(f"job {job} did not end in {timeout} s:\n{cluster.output(job)[-4000:]}\n"
+                             f"{cluster.logs()}") from None
+    text = cluster.output(job)
+    print(f"job {job}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} Reason={info.get('Reason')} "
+          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")
+    return info, text
 
 
-def test_pyxis_runs_the_launch_script_from_the_export(slurm: LocalSlurm, built_cell: BuiltCell,
-                                                      exported_sqsh: Path, tmp_path: Path) -> None:
-    script = generate(tmp_path, built_cell, exported_sqsh)
-    assert '--container-image="${PTMG_IMAGE}"' in script.read_text()
-    info, text = run_job(slurm, script, tmp_path)
-    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-4000:]}\n{slurm.logs()}"
+def test_pyxis_runs_the_ddp_job_across_two_nodes(cluster: SlurmCluster, built_cell: BuiltCell,
+                                                 exported_sqsh: Path, tmp_path: Path) -> None:
+    script = generate(tmp_path, built_cell.cell, exported_sqsh)
+    assert '--container-image="${PTMG_IMAGE}"' in script and str(exported_sqsh) in script, script
+    job = cluster.sbatch(script, "ddp.sbatch")
+    mounted: set[str] = set()
+
+    def trained_or_ended() -> bool:  # meanwhile: which nodes hold the squashfs mounted
+        mounted.update(n for n in sorted(HOSTS) if str(exported_sqsh) in cluster.processes(n, "squashfuse"))
+        return contract.DDP_KILL_TRIGGER in cluster.output(job) or cluster.job(job).get("JobState") in FINAL_STATES
+
+    wait_until(trained_or_ended, JOB_S, interval=1, what=f"job {job} training")
+    info, text = finish(cluster, job, JOB_S)
+    assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", f"{info}\n{text[-4000:]}"
+    assert info["UserId"].startswith(f"{contract.USER}({contract.UID})"), info
     result = find_ddp_result([text])
-    assert result is not None and result.ok and result.world_size == 2 and result.backend == "gloo", text[-4000:]
-    slurmd_log = (slurm.root / "log" / "slurmd.log").read_text(errors="replace")
-    assert "pyxis: version v0.24.0" in slurmd_log and "pyxis: starting container" in slurmd_log, slurmd_log[-3000:]
+    assert result is not None, text[-4000:]
+    assert result.ok and result.backend == "gloo" and result.world_size == NODES * NPROC, result
+    assert sorted(result.hosts) == sorted(sorted(HOSTS) * NPROC) and result.nodes == NODES, result
+    assert result.loss_decreased and result.params_identical and result.allreduce_exact, result
+    # The record, copied by the node that ran rank 0 into the job's directory (--container-mounts).
+    record = json.loads(cluster.read(f"{JOBS}/ptmg-ddp-{job}/result.json") or "{}")
+    assert record.get("ok") is True and record.get("world_size") == NODES * NPROC, record
+    assert mounted == HOSTS, f"squashfuse of {exported_sqsh} seen on {sorted(mounted)}"
 
 
-def test_a_crashing_rank_fails_the_pyxis_job(slurm: LocalSlurm, built_cell: BuiltCell, exported_sqsh: Path,
-                                             tmp_path: Path) -> None:
-    command = shlex.join([contract.DDP_JOB, *ddp_job_args(steps=30, timeout_s=30, phase_timeout_s=60,
-                                                 extra=("--fault", "crash", "--fault-rank", "1"))])
-    info, text = run_job(slurm, generate(tmp_path, built_cell, exported_sqsh, "--command", command), tmp_path)
+def test_require_gpu_on_cpu_fails_the_pyxis_job_and_says_why(cluster: SlurmCluster, built_cell: BuiltCell,
+                                                             exported_sqsh: Path, tmp_path: Path) -> None:
+    command = shlex.join([f"{contract.SMOKE_DIR}/selftest.py", "--require-gpu", "-k", "test_cuda_available"])
+    # Submitted with --export=NONE: no PTMG_CELL from the submitting shell, only from the image (enroot's
+    # /etc/environment of the squashfs).
+    job = cluster.sbatch(generate(tmp_path, built_cell.cell, exported_sqsh, "--nproc-per-node", "1",
+                                  "--command", command), "gpu.sbatch", "--export=NONE")
+    info, text = finish(cluster, job, JOB_S)
     assert info["JobState"] == "FAILED" and info["ExitCode"] != "0:0", f"{info}\n{text[-4000:]}"
-    assert "injecting fault crash" in text and find_ddp_result([text]) is None, text[-4000:]
+    assert "--require-gpu: " in text and "FAIL " in text, text[-4000:]
+    # In the squashfs's root (no /.dockerenv: not the node's own), with the image's environment.
+    assert f"pt-multi-gpu selftest: {built_cell.cell} in enroot/pyxis" in text, text[-4000:]
+    assert f"under Slurm job {job}, as uid {contract.UID}" in text, text[-4000:]
+
+
+def test_a_killed_node_ends_the_pyxis_job_without_a_requeue(cluster: SlurmCluster, built_cell: BuiltCell,
+                                                            exported_sqsh: Path, tmp_path: Path) -> None:
+    """Last: node2's container is killed while the job trains (its results on /shared, a --mount)."""
+    run = uuid.uuid4().hex[:8]
+    out = f"/shared/runs/{run}"
+    command = shlex.join([contract.DDP_JOB, *ddp_job_args(out=out, steps=600, step_sleep_s=0.5, timeout_s=30,
+                                                          phase_timeout_s=60, extra=("--node-out", out))])
+    job = cluster.sbatch(generate(tmp_path, built_cell.cell, exported_sqsh, "--mount", "/shared:/shared",
+                                  "--command", command), f"{run}.sbatch")
+    try:
+        wait_until(lambda: contract.DDP_KILL_TRIGGER in cluster.output(job) or cluster.job(job).get("JobState")
+                   in FINAL_STATES, JOB_S, interval=1, what=f"job {job} training")
+        assert contract.DDP_KILL_TRIGGER in cluster.output(job), f"{cluster.job(job)}\n{cluster.output(job)[-4000:]}"
+        killed = time.monotonic()
+        cluster.kill("node2")
+        info, text = finish(cluster, job, NODE_FAIL_S)
+        took = time.monotonic() - killed
+        cluster.restart("node2")
+        after = cluster.job(job)
+    finally:
+        cluster.cancel(job)
+    print(f"job {job}: {info['JobState']} (Reason={info.get('Reason')}) {took:.1f} s after docker kill node2")
+    assert info["JobState"] in ("NODE_FAIL", "FAILED"), f"{info}\n{text[-4000:]}"
+    assert info["Requeue"] == "0" and info["Restarts"] == "0", info
+    assert after["JobState"] == info["JobState"] and after["Restarts"] == "0", after
