@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -119,6 +120,7 @@ def check_rebuilds(store: ClientStore, targets: Sequence[tuple[str, ImageSpec, s
         except repro.LayoutError as exc:
             raise StepFailed(f"verify --rebuild: {spec.name}: {exc}") from None
         got = rebuild.compare(store, digest, image)
+        shutil.rmtree(dest)  # gigabytes; the next platform's rebuild needs the room
         if not got.same and rebuilt_snapshot != snapshot:
             got.differs.insert(0, f"the Debian archive moved since {digest} was built (snapshot {snapshot}, the "
                                   f"rebuild's {rebuilt_snapshot}): its packages can differ; a rebuild matches only "
