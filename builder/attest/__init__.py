@@ -6,8 +6,10 @@ DSSE-signed with an ECDSA P-256 key and stored beside the image the way cosign s
 - :mod:`builder.attest.dsse`: DSSE envelopes (PAE, sign, open);
 - :mod:`builder.attest.statements`: the statements and their predicates (pure);
 - :mod:`builder.attest.cosign_store`: the ``.att``/``.sig`` images in a registry (through a small port);
-- :mod:`builder.attest.verify`: what a consumer checks.
+- :mod:`builder.attest.verify`: what a consumer checks;
+- :mod:`builder.attest.rebuild`: ``verify --rebuild``'s comparison of the published image with a rebuild's
+  OCI layout, file by file (the layouts and tars read with :mod:`builder.imaging.repro`).
 
 This stage needs no engine and no publish code: ``builder/publish/signing.py`` gathers the facts and
-hands it a registry port.
+hands it a registry port; the CLI runs the rebuild and hands over its OCI layout.
 """

@@ -25,6 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any, cast
 
 from builder.common.errors import StepFailed
 from builder.common.log import log
@@ -104,14 +105,28 @@ Entry = tuple[str, int, int, int, int, str, int, str]  # type, mode, uid, gid, s
 FIELDS = ("type", "mode", "owner", "group", "size", "link", "mtime", "content")
 
 
-def _open_blob(path: Path) -> io.BufferedIOBase:
+def plain_stream(raw: IO[bytes]) -> IO[bytes]:
+    """The plain tar of a layer read once, front to back: gzip (BuildKit's default), zstd (``publish
+    --compression zstd``) or plain tar, told by the magic bytes and decompressed on the fly."""
+    f = io.BufferedReader(cast(Any, raw), 1 << 20)
+    head = f.peek(4)[:4]
+    if head.startswith(b"\x1f\x8b"):
+        return cast(IO[bytes], gzip.GzipFile(fileobj=f))
+    if head.startswith(b"\x28\xb5\x2f\xfd"):
+        import zstandard
+
+        return cast(IO[bytes], zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True))
+    return f
+
+
+def _open_blob(path: Path) -> IO[bytes]:
     """A layer blob, uncompressed (gzip, as BuildKit writes them by default, or plain tar)."""
     with path.open("rb") as f:
         magic = f.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else path.open("rb")
+    return cast(IO[bytes], gzip.open(path, "rb")) if magic == b"\x1f\x8b" else path.open("rb")
 
 
-def layer_entries(stream: io.BufferedIOBase) -> dict[str, Entry]:
+def layer_entries(stream: IO[bytes]) -> dict[str, Entry]:
     """path -> what a tar stream says of it, the content as a sha256, read once and in order."""
     out: dict[str, Entry] = {}
     with tarfile.open(fileobj=stream, mode="r|") as tar:
@@ -129,16 +144,18 @@ def layer_entries(stream: io.BufferedIOBase) -> dict[str, Entry]:
     return out
 
 
-def compare_entries(a: dict[str, Entry], b: dict[str, Entry]) -> Iterator[str]:
-    """One line per path that differs: only in one, or which fields differ."""
+def compare_entries(a: dict[str, Entry], b: dict[str, Entry], names: tuple[str, str] = ("the first build",
+                    "the second build"), ignore: frozenset[str] = frozenset()) -> Iterator[str]:
+    """One line per path that differs: only in one, or which fields differ (``ignore``: fields not compared)."""
     for path in sorted(a.keys() | b.keys()):
         if path not in b:
-            yield f"{path}: only in the first build"
+            yield f"{path}: only in {names[0]}"
         elif path not in a:
-            yield f"{path}: only in the second build"
-        elif a[path] != b[path]:
-            what = [name for name, x, y in zip(FIELDS, a[path], b[path], strict=True) if x != y]
-            yield f"{path}: {', '.join(what)} differ"
+            yield f"{path}: only in {names[1]}"
+        else:
+            what = [name for name, x, y in zip(FIELDS, a[path], b[path], strict=True) if x != y and name not in ignore]
+            if what:
+                yield f"{path}: {', '.join(what)} differ"
 
 
 def differing_files(a: OciImage, b: OciImage) -> list[str]:

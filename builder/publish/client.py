@@ -194,6 +194,18 @@ class RegistryClient:
             return http_fault(got.status_code, got.headers, got.content, what)
         return got.content
 
+    def open_blob(self, digest: str) -> requests.Response | Fault:
+        """A blob as a streamed response (read ``.raw`` or ``iter_content``; the caller closes it and checks
+        the bytes against ``digest``): a layer of gigabytes is never held in memory."""
+        what = f"GET {self.registry.host}/{self.path}@{digest}"
+        got = self._send("GET", f"{self.registry.api_base}/v2/{self.path}/blobs/{digest}", {}, None, what,
+                         stream=True)
+        if isinstance(got, Fault) or got.status_code == 200:
+            return got
+        fault = http_fault(got.status_code, got.headers, got.content, what)
+        got.close()
+        return fault
+
     def put_manifest(self, reference: str, media_type: str, body: bytes) -> str | Fault:
         """PUT a manifest (a manifest list / OCI index) under a tag: the digest the registry answers, or
         the fault. The caller reads the tag back to verify it."""
@@ -247,7 +259,7 @@ class RegistryClient:
         return (here.scheme, here.netloc) == (there.scheme, there.netloc)
 
     def _send(self, method: str, url: str, headers: Mapping[str, str], body: bytes | Iterator[bytes] | None,
-              what: str, auth: bool = True) -> requests.Response | Fault:
+              what: str, auth: bool = True, stream: bool = False) -> requests.Response | Fault:
         """One request, answering a Basic or Bearer challenge once each (a PUT's token asks for push). A
         streamed body can't be sent twice: a challenge to it is a fault (the POST before it answered them).
         ``auth=False`` (another origin): no credentials are sent, and a challenge is a fault."""
@@ -256,7 +268,7 @@ class RegistryClient:
             try:
                 call: Callable[..., requests.Response] = getattr(self.session, method.lower())
                 r = call(url, headers={**headers, **(self._auth if auth else {})}, data=body, timeout=self.timeout,
-                         verify=self.verify)
+                         verify=self.verify, **({"stream": True} if stream else {}))
             except requests.exceptions.RequestException as exc:
                 return exception_fault(exc, what)
             if r.status_code != 401:

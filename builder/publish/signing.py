@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol, cast
 
+import requests
 from cryptography.hazmat.primitives.asymmetric import ec
 
 import ptmg_contract as contract
@@ -30,6 +32,7 @@ from builder.matrix import ImageSpec, Matrix
 from builder.publish.client import RegistryClient
 from builder.publish.faults import Fault
 from builder.publish.report import OK_STATUSES, Report
+from builder.publish.zstdpush import CHUNK, ChunkStream
 
 
 class ClientStore:
@@ -49,6 +52,19 @@ class ClientStore:
         if isinstance(got, Fault):
             raise StoreError(str(got))
         return got
+
+    @contextmanager
+    def open_blob(self, digest: str) -> Iterator[IO[bytes]]:
+        """A blob streamed (``build.py verify --rebuild`` reads layers of gigabytes so); faults, a broken
+        connection included, become StoreError."""
+        got = self.client.open_blob(digest)
+        if isinstance(got, Fault):
+            raise StoreError(str(got))
+        with got:
+            try:
+                yield cast(IO[bytes], ChunkStream(got.iter_content(CHUNK)))
+            except requests.exceptions.RequestException as exc:
+                raise StoreError(f"reading {digest} from {self.client.registry.host}: {exc}") from None
 
     def put_blob(self, data: bytes, digest: str) -> None:
         held = self.client.blob_exists(digest)

@@ -6,16 +6,24 @@ import argparse
 import json
 import os
 import re
-from collections.abc import Callable, Mapping
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from builder.attest import keys, statements
+import ptmg_contract as contract
+from builder.attest import keys, rebuild, statements
 from builder.attest.cosign_store import StoreError, digest_of
 from builder.attest.verify import Checkout, verify
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
 from builder.common.errors import InputError, StepFailed
+from builder.common.log import BuildProgress, log
+from builder.engine import find_buildkit_cli
+from builder.imaging import buildenv, repro
+from builder.imaging.orchestrate import BuildConfig, export_reproducible, failure_text
+from builder.matrix import ImageSpec
 from builder.publish.address import Registry, parse_registry
 from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
@@ -63,6 +71,67 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the published image: HOST[:PORT]/[NAMESPACE/]NAME:TAG or NAME@sha256:DIGEST")
     p.add_argument("--key", required=True, metavar="PUB", type=types.text,
                    help="the signer's public key (PEM, as `build.py keygen` writes PATH.pub; cosign.pub works too)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="then build the provenance's cell once from scratch and compare it with the published "
+                        "image file by file (not by digest: docs/supply-chain.md); needs the containerd image store")
+    p.add_argument("--log-dir", default=os.environ.get("PTMG_LOG_DIR", "build-logs"), type=types.text,
+                   help="where --rebuild's build log goes (default build-logs/)")
+
+
+#: Builds a cell from scratch into an OCI layout folder; the Debian snapshot key it built with. The engine's
+#: (engine_rebuilder) in use; the one seam the unit tests replace.
+Rebuilder = Callable[[ImageSpec, Path], str]
+
+
+def engine_rebuilder(ctx: Context) -> Rebuilder:
+    """`build.py repro --against`'s one uncached build (export_reproducible); exit 2 in one line where the
+    engine cannot make one (the classic image store, no buildx, an old BuildKit)."""
+    engine = ctx.engine()
+    missing = repro.cannot(find_buildkit_cli(), engine.store(), str(engine.version().get("ApiVersion") or ""))
+    if missing is not None:
+        raise InputError(f"verify --rebuild: {missing}")
+    cfg = BuildConfig(root=ctx.root, docker_dir=ctx.docker_dir, log_dir=Path(ctx.args.log_dir),
+                      build_env=buildenv.detect(os.environ, []), source=ctx.source, lock_root=ctx.docker_dir.parent)
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def build(spec: ImageSpec, dest: Path) -> str:
+        log_path = cfg.log_dir / f"{spec.name}.verify-rebuild.log"
+        log.info("%s: one build from scratch into %s (full log: %s)", spec.name, dest, log_path)
+        with BuildProgress([spec.name]) as progress:
+            outcome, snap, _ = export_reproducible(engine, spec, cfg, dest, log_path, progress.line)
+        if not outcome.ok:
+            raise StepFailed(f"{spec.name}: the rebuild failed\n" +
+                             failure_text(outcome.failed_step, outcome.tail, log_path))
+        return snap.key
+
+    return build
+
+
+def check_rebuilds(store: ClientStore, targets: Sequence[tuple[str, ImageSpec, str]], build: Rebuilder,
+                   workdir: Path) -> int:
+    """Each (platform digest, its cell, the Debian snapshot it records): rebuild the cell into ``workdir`` and
+    compare the published image with it file by file (builder/attest/rebuild.py). 0: every one matches."""
+    status = 0
+    for digest, spec, snapshot in targets:
+        dest = workdir / spec.name
+        rebuilt_snapshot = build(spec, dest)
+        try:
+            image = repro.read_layout(dest)
+        except repro.LayoutError as exc:
+            raise StepFailed(f"verify --rebuild: {spec.name}: {exc}") from None
+        got = rebuild.compare(store, digest, image)
+        shutil.rmtree(dest)  # gigabytes; the next platform's rebuild needs the room
+        if not got.same and rebuilt_snapshot != snapshot:
+            got.differs.insert(0, f"the Debian archive moved since {digest} was built (snapshot {snapshot}, the "
+                                  f"rebuild's {rebuilt_snapshot}): its packages can differ; a rebuild matches only "
+                                  "while the archive holds the published snapshot")
+        text = rebuild.summary(got, repro.shown(got.differs))
+        if got.same:
+            print(f"{spec.name}: {text}")
+        else:
+            log.error("%s: %s", spec.name, text)
+            status = 1
+    return status
 
 
 def run(ctx: Context) -> int:
@@ -79,13 +148,24 @@ def run(ctx: Context) -> int:
     checkout = Checkout({c.name: statements.cell_entry(c) for c in ctx.matrix.cells},
                         {c.name: lock_sha256(root, c.name) for c in ctx.matrix.cells}, labels_reader(store))
     digests = [remote.digest] + [d for _, d in remote.children]  # an index: it and each platform's image
+    verified = {}
     for digest in digests:
-        done = verify(store, pub, digest, checkout)
+        done = verified[digest] = verify(store, pub, digest, checkout)
         print(f"{digest} ({', '.join(done.cells)}): verified")
         for line in done.checks:
             print(f"  - {line}")
     print(f"{ctx.args.ref}: OK, {len(digests)} digest(s) signed by {keys.key_id(pub)}")
-    return 0
+    if not ctx.args.rebuild:
+        return 0
+    specs = {c.name: c for c in ctx.matrix.cells}
+    reader = labels_reader(store)
+    targets = [(d, specs[cell], str((reader(d) or {}).get(contract.LABEL_OS_SNAPSHOT, "")))
+               for d in [d for _, d in remote.children] or [remote.digest] for cell in verified[d].cells]
+    build = engine_rebuilder(ctx)
+    work = ctx.root / ".build"
+    work.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="verify-rebuild-", dir=work) as tmp:
+        return check_rebuilds(store, targets, build, Path(tmp))
 
 
 VERB = Verb("verify", "check a published image's signature and its signed provenance, SBOM and gate attestations",
@@ -93,4 +173,8 @@ VERB = Verb("verify", "check a published image's signature and its signed proven
             "Check the cosign signature (sha256-<hex>.sig) and the DSSE-signed in-toto attestations "
             "(sha256-<hex>.att) of the digest REF resolves to (and each platform of an index): signed by --key, "
             "about this digest, and made from this checkout's images.yaml cell and lock and the image's own "
-            "Debian snapshot. Exit 1 with the reason otherwise.")
+            "Debian snapshot. Exit 1 with the reason otherwise. --rebuild then builds each platform's cell once "
+            "from scratch (as `repro --against`) and compares it with the published image layer by layer: every "
+            "file's path, type, mode, uid/gid, size, content and link target, and the config's Entrypoint, Cmd, "
+            "Env, User and WorkingDir; file times and digests are not compared (an image loaded into the engine "
+            "keeps its build's file times). Exit 1 naming the files that differ.")

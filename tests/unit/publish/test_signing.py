@@ -182,3 +182,18 @@ def test_an_index_is_signed_with_its_platforms_and_verify_checks_all_three(tmp_p
                   timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert f"{index_digest} ({w.spec.name}, {second.name}): verified" in ok.stdout and "OK, 3 digest(s)" in ok.stdout
+
+
+def test_verify_rebuild_checks_the_signatures_before_any_build(tmp_path: Path, registry: LocalRegistry) -> None:
+    """`build.py verify REF --key PUB --rebuild` exactly as typed: the wrong key is refused (exit 1) before the
+    engine is asked for anything; the right key verifies, and only then is the engine needed (none answers in the
+    unit tier: the comparison itself is tests/unit/attest/test_rebuild.py)."""
+    w = Published(tmp_path, registry)
+    w.sign()
+    _, other = keys.keygen(tmp_path / "other")
+    wrong = w.verify("--rebuild", key=other)
+    assert wrong.returncode == 1 and "verifies with this key" in wrong.stderr, wrong.stderr
+    assert "Docker engine" not in wrong.stderr and wrong.stdout == "", wrong.stdout + wrong.stderr
+    ok = w.verify("--rebuild")
+    assert f"{w.digest} ({w.spec.name}): verified" in ok.stdout and "OK, 1 digest(s)" in ok.stdout, ok.stdout
+    assert ok.returncode == 1 and "no Docker engine answers" in ok.stderr, ok.stderr
