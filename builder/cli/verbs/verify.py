@@ -169,7 +169,7 @@ def run(ctx: Context) -> int:
 
 
 VERB = Verb("verify", "check a published image's signature and its signed provenance, SBOM and gate attestations",
-            "verify REF --key PUB", run, add_arguments,
+            "verify REF --key PUB [--rebuild]", run, add_arguments,
             "Check the cosign signature (sha256-<hex>.sig) and the DSSE-signed in-toto attestations "
             "(sha256-<hex>.att) of the digest REF resolves to (and each platform of an index): signed by --key, "
             "about this digest, and made from this checkout's images.yaml cell and lock and the image's own "
