@@ -17,9 +17,9 @@ the same repository, and the two costs of B for a node holding A are counted (be
 by blob digest (B's compressed blobs whose digest A's manifest lacks: what enroot fetches) and by chain
 ID (B's unpacked layers whose chain ID A lacks: what Docker's and containerd's stores keep anew).
 B is removed after its change; at the end A, the registry, its storage and the copy, and the BuildKit
-records this run made, also on failure or Ctrl-C. Disk: about 22 GB at the peak (A and B, 5.8 GB each
-for the 2.7.0 cell, 3.3 GB each in the registry, the 3.2 GB build context); it refuses to start, and
-to build B, with less than 25 GB free beyond that.
+records this run made, also on failure or Ctrl-C. Disk: about 19 GB at the peak (A and B, 5.8 GB each
+for the 2.7.0 cell, 3.3 GB each in the registry; the 3.2 GB build context only while one builds); it
+refuses to start, and to build B, with less than 25 GB free beyond that.
 
 --from-images and --share build nothing: they read the engine (diff IDs, and the unpacked size of each
 layer from the classic store's layer database, so as root), and count by chain ID and by diff ID; a
@@ -58,7 +58,7 @@ DOCKER = pulllib.DOCKER
 REPO = "ptmg-bench-pull"
 DEFAULT_CELL = "2.7.0-cuda12.6-cudnn9-runtime"
 KEEP_FREE_GB = 25.0
-PEAK_GB = 12.0  # what one more image and its push add (the 2.7.0 cell: 5.8 + 3.3 GB, + the 3.2 GB context)
+PEAK_GB = 9.5  # one more image and its push (2.7.0: 5.8 + 3.3 GB; the 3.2 GB build context is gone by the push)
 APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy 5.6.1
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 

@@ -54,7 +54,7 @@ class Layer:
 
 
 def chain_ids(diff_ids: Sequence[str]) -> list[str]:
-    """The OCI chain IDs of a layer stack (image-spec config.md: ChainID(L0|...|Ln))."""
+    """The OCI chain IDs of a layer stack (the image spec's ChainID(L0|...|Ln), in its config page)."""
     out: list[str] = []
     for diff in diff_ids:
         out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
