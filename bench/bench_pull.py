@@ -183,6 +183,8 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
         log(f"A: building {ref} from a copy of the tree in {tree}")
         refs += [ref, f"{reg.host}/{REPO}:a"]
         result["build_a_s"] = round(build(tree, a.cell, work / "logs"), 1)
+        if a.selftest:
+            result["selftest_a"] = selftest(ref)
         old = pulllib.read_layers(ref, db)
         manifest_a, took = push(ref, reg, "a")
         result["push_a_s"] = round(took, 1)
@@ -190,7 +192,7 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
         run([DOCKER, "tag", ref, f"{REPO}:bench-a"])  # A stays while B takes the cell's tag
         refs.append(f"{REPO}:bench-a")
         for kind in a.change:
-            need_disk(KEEP_FREE_GB + PEAK_GB, f"bench_pull (B for {kind})")
+            need_disk(KEEP_FREE_GB + (1.0 if kind == "files" else PEAK_GB), f"bench_pull (B for {kind})")
             saved = {f: f.read_bytes() for f in (tree / "images.yaml", tree / "entrypoint" / "start.sh")}
             what = apply_change(tree, kind, a.cell, a.apt_package)
             log(f"B ({kind}): {what}; building")
@@ -218,6 +220,20 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def selftest(ref: str) -> str:
+    """`docker run --rm IMAGE selftest` on A (labelled, with a time limit): the layout it measures must work."""
+    log(f"A: docker run --rm {ref} selftest")
+    start = time.monotonic()
+    r = run([DOCKER, "run", "--rm", "--label", "project=pt-multi-gpu", "--label", "ptmg-helper=bench-pull",
+             "--shm-size", "1g", ref, "selftest"], timeout=900)
+    tail = (r.stdout + r.stderr).strip().splitlines()[-3:]
+    verdict = f"exit {r.returncode} in {time.monotonic() - start:.0f} s: {' / '.join(tail)}"
+    log(f"A: selftest {verdict}")
+    if r.returncode != 0:
+        raise RuntimeError(f"selftest of {ref} failed: {(r.stdout + r.stderr)[-3000:]}")
+    return verdict
+
+
 def engine_line() -> str:
     r = run([DOCKER, "version", "--format", "{{.Server.Version}}"])
     d = run([DOCKER, "info", "--format", "{{.Driver}}"])
@@ -230,6 +246,7 @@ def main() -> None:
     p.add_argument("--change", action="append", choices=("files", "os"),
                    help="the kinds of change, in order (repeatable; default: files, then os)")
     p.add_argument("--apt-package", default="less", help="the package the os change adds (default: less)")
+    p.add_argument("--selftest", action="store_true", help="run `docker run --rm A selftest` before pushing A")
     p.add_argument("--from-images", nargs=2, metavar=("A", "B"), help="only compare two images the engine holds")
     p.add_argument("--share", nargs="+", metavar="IMAGE", help="only count what several images share on one node")
     p.add_argument("--json", type=Path, default=ROOT / "build-logs" / "bench_pull.json", help="where the figures go")
