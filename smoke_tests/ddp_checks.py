@@ -32,7 +32,7 @@ def tail(launch: run_ddp.Launch, lines: int = 40) -> str:
     """The output's last ``lines`` lines, after every rank's own error line that they leave out."""
     out = launch.output.splitlines()
     last = out[-lines:]
-    errors = [line for line in out[:-lines] if RANK_ERROR.search(line)] if len(out) > lines else []
+    errors = [line for line in out[:-lines] if RANK_ERROR.search(line)]  # empty when the tail is all of it
     head = ["the ranks' own errors:", *errors, f"... the last {lines} lines:"] if errors else []
     return "\n".join([*head, *last])
 

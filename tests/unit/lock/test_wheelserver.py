@@ -95,6 +95,28 @@ def test_a_wheel_is_served_once_it_is_in_the_store(served: wheelserver.WheelServ
     assert served.requests == 2  # what the "never reached the server" hint reads (counted on arrival)
 
 
+def test_a_head_answers_the_headers_alone_and_the_connection_goes_on(served: wheelserver.WheelServer,
+                                                                     store: Path) -> None:
+    """uv asks HEAD and GET on one kept-alive connection: a HEAD that sent the body would leave it
+    in the stream, where the next answer's status line is read."""
+    served.ready(TORCH)
+    host, port = served.url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        answers = []
+        for method, path in (("HEAD", f"/torch/{TORCH}"), ("HEAD", "/torch/"), ("HEAD", "/nope/"),
+                             ("GET", f"/torch/{TORCH}")):
+            conn.request(method, path)
+            r = conn.getresponse()
+            answers.append((method, r.status, r.read()))
+            if path == f"/torch/{TORCH}":
+                assert r.getheader("Content-Length") == str((store / TORCH).stat().st_size)
+    finally:
+        conn.close()
+    assert answers == [("HEAD", 200, b""), ("HEAD", 200, b""), ("HEAD", 404, b""),
+                       ("GET", 200, (store / TORCH).read_bytes())]
+
+
 def test_a_wheel_gone_from_the_store_answers_503(served: wheelserver.WheelServer, store: Path) -> None:
     (store / TORCH).unlink()
     served.ready(TORCH)

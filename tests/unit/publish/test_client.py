@@ -209,3 +209,52 @@ def test_a_network_error_is_a_fault_not_an_exception() -> None:
     token = _client(Session(Answer(401, headers=CHALLENGE), down)).manifest("v1")
     assert token.fault is not None and token.fault.kind == "network"
     assert "(token from https://auth.example/token)" in token.fault.message
+
+
+# --- the bytes of a manifest or a blob, as served (signing reads them) ----------------------------------------
+def test_a_raw_manifest_is_its_bytes_none_when_absent_and_a_fault_otherwise() -> None:
+    import requests
+
+    body = json.dumps({"mediaType": client.OCI_MANIFEST, "config": {"digest": "sha256:c"}, "layers": []}).encode()
+    digest = "sha256:" + hashlib.sha256(body).hexdigest()
+    session = Session(Answer(200, body, {"Docker-Content-Digest": digest}),
+                      Answer(404, json.dumps({"errors": [{"code": "MANIFEST_UNKNOWN"}]}).encode()),
+                      Answer(404, b"<html>Not Found</html>"),
+                      Answer(200, body, {"Docker-Content-Digest": "sha256:" + "0" * 64}),
+                      requests.exceptions.ConnectionError("refused"))
+    c = _client(session)
+    assert c.raw_manifest("v1") == body
+    assert c.raw_manifest("v2") is None  # the registry's own "unknown": absent
+    proxy = c.raw_manifest("v3")  # a 404 that is not the registry's: never "absent"
+    assert isinstance(proxy, Fault) and (proxy.kind, proxy.transient) == ("protocol", False)
+    assert proxy.message.startswith("GET registry.example:5000/img:v3 manifest: HTTP 404 without a registry ")
+    lying = c.raw_manifest("v4")
+    assert isinstance(lying, Fault) and lying.kind == "protocol"
+    assert lying.message.startswith("GET registry.example:5000/img:v4 manifest: Docker-Content-Digest sha256:000")
+    down = c.raw_manifest(digest)
+    assert isinstance(down, Fault) and down.kind == "network"
+    assert [url.rpartition("/manifests/")[2] for _, url, _ in session.asked] == ["v1", "v2", "v3", "v4", digest]
+
+
+@pytest.mark.parametrize(("answer", "kind"), [
+    (Answer(404, json.dumps({"errors": [{"code": "BLOB_UNKNOWN"}]}).encode()), "protocol"),
+    (Answer(201, b"created?"), "protocol"),
+    (Answer(403, json.dumps({"errors": [{"code": "DENIED"}]}).encode()), "auth"),
+])
+def test_a_blob_is_its_bytes_only_on_200(answer: Answer, kind: str) -> None:
+    blob = "sha256:" + "b" * 64
+    session = Session(Answer(200, b"blob bytes"), answer)
+    c = _client(session)
+    assert c.blob(blob) == b"blob bytes"
+    got = c.blob(blob)
+    assert isinstance(got, Fault) and (got.kind, got.transient) == (kind, False)
+    assert got.message.startswith(f"GET registry.example:5000/img@{blob}: ")
+    assert [(m, url) for m, url, _ in session.asked] == [
+        ("GET", f"https://registry.example:5000/v2/img/blobs/{blob}")] * 2
+
+
+def test_a_blob_that_cannot_be_reached_is_a_fault() -> None:
+    import requests
+
+    got = _client(Session(requests.exceptions.ConnectionError("refused"))).blob("sha256:" + "b" * 64)
+    assert isinstance(got, Fault) and got.kind == "network"

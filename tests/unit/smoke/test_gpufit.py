@@ -129,3 +129,76 @@ def test_mixed_models_warn_unless_the_order_is_by_pci_bus(names: list[str], env:
         assert text.startswith(f"mixed GPU models (A100, H100) and CUDA_DEVICE_ORDER={shown}: ")
         assert text.endswith("export CUDA_DEVICE_ORDER=PCI_BUS_ID")
 
+
+
+# --- what fixes a refusal --------------------------------------------------------------------------------
+def test_the_fix_names_only_the_gpus_without_code_and_the_other_cells_that_run(cells: dict[str, ImageSpec]) -> None:
+    every = list(cells.values())
+    old = cells[support.OLD]  # sm_37 ... sm_86, driver >= 450.80.02
+    mixed = [gpu(0, A100), gpu(1, None), gpu(2, H100, name="H100"), gpu(3, H100, name="GH200")]
+    assert gpufit.refusal_fix(old, mixed, cells=every) == (
+        f"use a cell whose torch has code for sm_90 ({support.MID}, {support.LATEST})")
+    assert gpufit.refusal_fix(old, [gpu(0, A100), gpu(1, None)], cells=every) == ""  # covered: nothing to fix
+
+
+def test_the_fix_upgrades_the_driver_only_below_the_cells_minimum(cells: dict[str, ImageSpec]) -> None:
+    every = list(cells.values())
+    mid = cells[support.MID]  # min_driver 525.60.13
+    assert gpufit.refusal_fix(mid, [gpu(0, A100, driver="525.60.13")], cells=every) == ""
+    assert gpufit.refusal_fix(mid, [gpu(0, A100, driver="580.65.06")], cells=every) == ""
+    assert gpufit.refusal_fix(mid, [gpu(0, A100, driver="525.60.12")], cells=every) == (
+        "upgrade the NVIDIA driver (525.60.12) to >= 525.60.13, or use a cell with an older CUDA")
+    assert gpufit.refusal_fix(mid, [gpu(0, A100, driver="")], cells=every) == ""  # not known
+    no_minimum = dataclasses.replace(mid, min_driver="")
+    assert gpufit.refusal_fix(no_minimum, [gpu(0, A100, driver="1.0")], cells=every) == ""
+
+
+def test_with_both_problems_and_no_other_cell_the_fix_says_both(cells: dict[str, ImageSpec]) -> None:
+    old = cells[support.OLD]
+    b200 = [gpu(0, B200, driver="400.1", name="NVIDIA B200")]
+    assert gpufit.refusal_fix(old, b200, cells=list(cells.values())) == (
+        "upgrade the NVIDIA driver (400.1) to >= 450.80.02, or use a cell with an older CUDA; "
+        "use a cell whose torch has code for sm_100 (a newer torch; none in this matrix)")
+
+
+# --- PTX JIT only ----------------------------------------------------------------------------------------
+JIT_FIX = ("use a cell with a cubin for sm_100, or keep the JIT cache (CUDA_CACHE_PATH on a persistent disk, "
+           "CUDA_CACHE_MAXSIZE=4294967296)")
+
+
+def ptx_cell(cells: dict[str, ImageSpec]) -> ImageSpec:
+    """MID with PTX for sm_90 added: a B200 (sm_100) runs it only by JIT, an A100 by its cubin."""
+    mid = cells[support.MID]
+    return dataclasses.replace(mid, arch_list=(*mid.arch_list, "compute_90"))
+
+
+def jit_text(cell: ImageSpec, index: int, name: str = "NVIDIA B200") -> str:
+    return (f"{cell.name}: GPU {index} ({name}, sm_100): torch 2.7.0 has no cubin for sm_100; only PTX JIT of "
+            "compute_90 runs there (the first start compiles every kernel, minutes)")
+
+
+def test_a_gpu_that_runs_the_cell_only_by_ptx_jit_is_warned_once_per_model(cells: dict[str, ImageSpec]) -> None:
+    cell = ptx_cell(cells)
+    assert cell.min_driver_full == "560.35.05"
+    gpus = [gpu(0, None), gpu(1, A100), gpu(2, B200, name="NVIDIA B200"), gpu(3, B200, name="NVIDIA B200"),
+            gpu(4, (3, 5), name="K40"), gpu(5, B200, name="GB200")]
+    assert gpufit.ptx_warnings(cell, gpus) == [(jit_text(cell, 2), JIT_FIX), (jit_text(cell, 5, "GB200"), JIT_FIX)]
+    assert gpufit.ptx_warnings(cell, [gpu(0, A100), gpu(1, (3, 5), name="K40")]) == []  # a cubin; no code at all
+    assert gpufit.ptx_warnings(cells[support.MID], [gpu(0, B200, name="NVIDIA B200")]) == []  # no PTX: refused
+    assert gpufit.ptx_warnings(dataclasses.replace(cell, cuda="cpu"), gpus) == []
+
+
+def test_a_driver_older_than_the_toolkit_that_built_the_ptx_is_told_the_jit_will_refuse(
+        cells: dict[str, ImageSpec]) -> None:
+    cell = ptx_cell(cells)
+    b200 = [gpu(0, None, driver=""), gpu(1, B200, driver="560.35.04", name="NVIDIA B200")]
+    assert gpufit.ptx_warnings(cell, b200) == [(
+        f"{jit_text(cell, 1)}, and driver 560.35.04 is older than 560.35.05, the driver of CUDA 12.6.3 that "
+        "built that PTX: the JIT will refuse it",
+        "upgrade the NVIDIA driver to >= 560.35.05, or use a cell with a cubin for sm_100")]
+    for driver in ("560.35.05", "580.65.06", ""):  # at the minimum, above it, not known
+        assert gpufit.ptx_warnings(cell, [gpu(0, B200, driver=driver, name="NVIDIA B200")]) == [
+            (jit_text(cell, 0), JIT_FIX)], driver
+    no_minimum = dataclasses.replace(cell, min_driver_full="")
+    assert gpufit.ptx_warnings(no_minimum, [gpu(0, B200, driver="1.0", name="NVIDIA B200")]) == [
+        (jit_text(no_minimum, 0), JIT_FIX)]

@@ -213,3 +213,29 @@ def test_selftest_flag_require_multi_gpu_needs_require_gpu(capsys: pytest.Captur
     assert selftest.parse_args([]).nproc is None  # no --nproc: one rank per visible GPU
 
 
+
+
+# --- the log tail a failure shows ---------------------------------------------------------------------------
+RANK_ERROR = "PTMG_DDP rank 0 failed in setup: ModuleNotFoundError: No module named 'tensorboard'"
+TRACEBACK = [f'  File "/usr/lib/python3/site-packages/torch/distributed/run.py", line {n}, in main' for n in range(45)]
+
+
+def _tail(lines: Sequence[str]) -> str:
+    return str(job_tests.tail(run_ddp.Launch(1, "\n".join(lines) + "\n", False, 2, "gloo", "", 3.0)))
+
+
+def test_the_log_tail_keeps_the_ranks_own_error_above_torchruns_traceback() -> None:
+    """On failure the DDP checks show the output's last 40 lines; torchrun's ChildFailedError
+    traceback alone fills them, so the rank's own line ("failed in setup: ...") goes first."""
+    output = ["PTMG_DDP rank 0: world_size=2 backend=gloo", RANK_ERROR, "Traceback (most recent call last):",
+              *TRACEBACK, "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
+    assert _tail(output).splitlines() == ["the ranks' own errors:", RANK_ERROR, "... the last 40 lines:",
+                                          *output[-40:]]
+
+
+def test_a_log_tail_without_a_ranks_error_above_it_is_the_last_lines_alone() -> None:
+    inside = [*TRACEBACK[:10], RANK_ERROR, *TRACEBACK[10:]]  # 46 lines, the rank's error among the last 40
+    assert _tail(inside).splitlines() == inside[-40:]
+    assert _tail(TRACEBACK).splitlines() == TRACEBACK[-40:]
+    assert _tail([RANK_ERROR, "boom"]) == RANK_ERROR + "\nboom"  # a short output is shown whole, once
+    assert _tail(TRACEBACK[:40]).splitlines() == TRACEBACK[:40]

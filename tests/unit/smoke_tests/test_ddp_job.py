@@ -213,21 +213,3 @@ def test_one_rank_measures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ddp_bench.measure(args, dist, FAKE_TORCH, SimpleNamespace(type="cpu"), "gloo", 1, 100,
                              lambda *_: None) == ([], [], [1024])
     assert dist.calls == []
-
-
-def test_the_log_tail_keeps_the_ranks_own_error_above_torchruns_traceback() -> None:
-    """On failure the DDP checks show the output's last 40 lines; torchrun's ChildFailedError
-    traceback alone fills them, so the rank's own line ("failed in setup: ...") goes first."""
-    checks = support.smoke_module("ddp_checks")
-    run_ddp = support.smoke_module("run_ddp")
-    rank_error = "PTMG_DDP rank 0 failed in setup: ModuleNotFoundError: No module named 'tensorboard'"
-    torchrun = [f'  File "/usr/lib/python3/site-packages/torch/distributed/run.py", line {n}, in main'
-                for n in range(45)] + ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"]
-    output = "\n".join(["PTMG_DDP rank 0: world_size=2 backend=gloo", rank_error, "Traceback (most recent call last):",
-                        *torchrun]) + "\n"
-    launch = run_ddp.Launch(1, output, False, 2, "gloo", "", 3.0)
-    shown = checks.tail(launch).splitlines()
-    assert rank_error in shown, shown[:3]
-    assert shown[-1].startswith("torch.distributed.elastic") and len(shown) == 43, len(shown)
-    short = run_ddp.Launch(1, rank_error + "\nboom\n", False, 2, "gloo", "", 1.0)
-    assert checks.tail(short) == rank_error + "\nboom", "a short output is shown whole, once"

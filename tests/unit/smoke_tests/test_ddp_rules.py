@@ -5,9 +5,13 @@ stuck phase with 124 and names it."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -171,3 +175,51 @@ def test_watchdog_still_exits_124_when_its_diagnosis_fails() -> None:
     assert "finished" not in proc.stdout
 
 
+
+
+# --- each node's result file (--node-out) ---------------------------------------------------------------
+def test_a_nodes_result_records_its_rank_host_and_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    host = socket.gethostname()
+    assert ddp_plan.node_result(4, 8, 0) == {"schema": 1, "node_rank": 1, "host": host, "rank": 4,
+                                             "local_world_size": 4, "world_size": 8, "exit": 0, "ok": True}
+    for rc in (1, -1, 124):
+        assert ddp_plan.node_result(4, 8, rc)["ok"] is False, rc
+
+
+NODE_FILE = """{
+  "exit": 1,
+  "host": "n2",
+  "local_world_size": 2,
+  "node_rank": 1,
+  "ok": false,
+  "rank": 2,
+  "schema": 1,
+  "world_size": 4
+}"""
+
+
+def test_each_node_writes_its_own_file_whole_in_a_shared_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "out" / "job"  # made on the first write
+    first = {"schema": 1, "node_rank": 0, "host": "n1", "rank": 0, "local_world_size": 2, "world_size": 4,
+             "exit": 0, "ok": True}
+    second = {"world_size": 4, "schema": 1, "rank": 2, "ok": False, "node_rank": 1, "local_world_size": 2,
+              "host": "n2", "exit": 1}
+    assert ddp_plan.write_node_result(str(folder), first) == str(folder / "node-0.json")
+    assert ddp_plan.write_node_result(str(folder), second) == str(folder / "node-1.json")  # the folder exists
+    assert sorted(p.name for p in folder.iterdir()) == ["node-0.json", "node-1.json"]  # no temporary file left
+    assert (folder / "node-1.json").read_text() == NODE_FILE  # keys sorted, two-space indent: diffable
+    assert json.loads((folder / "node-0.json").read_text()) == first
+
+
+def test_the_nodes_log_line_is_out_before_the_process_ends(tmp_path: Path) -> None:
+    """torchrun may end the node's process right after: the line must not wait in a pipe's buffer."""
+    code = (f"import os, sys; sys.path.insert(0, {str(SMOKE_DIR)!r}); import ddp_plan; "
+            f"ddp_plan.write_node_result({str(tmp_path)!r}, {{'node_rank': 3, 'host': 'n4', 'exit': 0}}); "
+            "os._exit(0)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a pipe is block-buffered
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"PTMG_DDP node 3 on n4: exit 0, wrote {tmp_path / 'node-3.json'}\n"

@@ -138,3 +138,51 @@ def test_publish_verb_refuses_an_unknown_image_store_in_one_line(
     assert not [c for c in engine.calls if c[0] == "push"]
 
 
+
+
+def test_publish_verb_signs_what_it_pushed_with_the_sboms_beside_the_report(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """`publish --sign-key`: signing gets the report of the push and reads the SBOMs from the report
+    folder's sbom/, where they are written beside the report (the signing itself: tests/unit/publish/test_signing.py,
+    against a real registry)."""
+    import builder.cli.main as cli
+    from builder.attest import keys
+    from builder.cli.verbs import publish as verb
+
+    registry = FakeRegistry()
+    engine = RecordingEngine(registry)
+    engine.add(f"pt-multi-gpu:{A}", IMG_A, A)
+
+    def answer(url: str, params: dict[str, str], headers: dict[str, str]) -> FakeResponse:
+        tag = url.rpartition("/manifests/")[2]
+        if tag not in registry.tags:
+            return FakeResponse(404, _err("MANIFEST_UNKNOWN"))
+        body = _manifest(registry.tags[tag][1])
+        return FakeResponse(200, body, {"Docker-Content-Digest": _digest(body)})
+
+    signed: list[tuple[Path, list[str], list[str]]] = []
+
+    class RecordingSigning:
+        def __init__(self, *args: Any, sbom_dir: Path, **kwargs: Any) -> None:
+            self.sbom_dir = sbom_dir
+
+        def run(self, report: Any, cells: Any) -> None:
+            signed.append((self.sbom_dir, [c.cell for c in report.cells], [c.name for c in cells]))
+
+    monkeypatch.setattr("builder.cli.context.Engine", lambda: engine)
+    monkeypatch.setattr(requests, "Session", lambda: FakeSession(answer))
+    monkeypatch.setattr(verb, "Signing", RecordingSigning)
+    for var in ("PTMG_REGISTRY", "PTMG_REGISTRY_USER", "PTMG_REGISTRY_PASSWORD", "PTMG_REGISTRY_PASSWORD_FILE",
+                "PTMG_PUSH_ATTEMPTS", "PTMG_CONFIG", "PTMG_SIGN_KEY_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "docker-config"))
+    monkeypatch.setenv("PTMG_STATE_DIR", str(tmp_path / "state"))
+    passes.record_pass(tmp_path, IMG_A, A, passed=3, skipped=0)
+    config = write_matrix(tmp_path / "matrix")
+    key, _pub = keys.keygen(tmp_path / "signer")
+    report_dir = tmp_path / "report"
+    rc = cli.main(["publish", "--config", str(config), "--only", A, "--registry", "127.0.0.1:5000/ns",
+                   "--report-dir", str(report_dir), "--allow-stale-os", "--sign-key", str(key)])
+    _out, err = capfd.readouterr()
+    assert rc == 0, err
+    assert signed == [(report_dir / "sbom", [A], [A])]
