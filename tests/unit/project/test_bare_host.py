@@ -66,8 +66,10 @@ def _bare_env(tmp: Path, python: str) -> dict[str, str]:
     smi.write_text("#!/bin/sh\necho '0, GPU-0, Stand-in GPU, 9.0, 580.65.06, [N/A]'\n")
     smi.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "CUDA_HOME", "CUDA_PATH")}
+    temp = tmp / "tmp"  # torchrun's torchelastic_* and the suite's folders: under the test's folder, not /tmp
+    temp.mkdir(exist_ok=True)
     env.update(PATH=os.pathsep.join([str(bindir), os.path.dirname(python), os.environ.get("PATH", "")]),
-               HOME=str(tmp))
+               HOME=str(tmp), TMPDIR=str(temp))
     return env
 
 
