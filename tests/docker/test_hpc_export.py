@@ -15,6 +15,7 @@ arm64 cell's image and wheels are gone again.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -98,7 +99,10 @@ def test_export_has_the_enroot_files(sqsh: Path) -> None:
 def stranger_home() -> Iterator[Path]:
     """A home folder of OTHER_UID with a planted ~/.local torch that must never be imported."""
     home = Path(tempfile.mkdtemp(prefix="ptmg-home-", dir="/var/tmp"))
+    temp = _stranger_tmp(home)  # ch-run shares the host's /tmp: the runs' temporary files go here, then away
     try:
+        temp.mkdir(mode=0o700)
+        os.chown(temp, OTHER_UID, OTHER_UID)
         for py in ("3.10", "3.11", "3.12", "3.13"):
             planted = home / ".local" / "lib" / f"python{py}" / "site-packages" / "torch"
             planted.mkdir(parents=True)
@@ -107,6 +111,12 @@ def stranger_home() -> Iterator[Path]:
         yield home
     finally:
         shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _stranger_tmp(home: Path) -> Path:
+    """OTHER_UID's TMPDIR for one test: a folder of the host's /tmp (ch-run binds it), named after its home."""
+    return Path("/tmp") / home.name
 
 
 def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
@@ -115,7 +125,8 @@ def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
     if shutil.which("ch-run") is None:
         pytest.fail("ch-run is missing. Fix: scripts/ensure-tools.sh test (Debian: charliecloud-runtime)",
                     pytrace=False)
-    env = ["env", "-i", f"HOME={home}", f"USER=u{OTHER_UID}", "PATH=/usr/local/bin:/usr/bin:/bin"]
+    env = ["env", "-i", f"HOME={home}", f"USER=u{OTHER_UID}", "PATH=/usr/local/bin:/usr/bin:/bin",
+           f"TMPDIR={_stranger_tmp(home)}"]
     ch = ["ch-run", "--no-passwd", "--home", *(["--set-env"] if set_env else []), str(sqsh), "--", *command]
     cmd = ["setpriv", "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups", *env, *ch]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
