@@ -11,6 +11,7 @@ import itertools
 import json
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ class BrowserMissing(RuntimeError):
     """No Chromium on this host."""
 
 
+def _chromium_tmp() -> set[Path]:
+    """Chromium's own folders in the temporary folder (it makes one per run)."""
+    return set(Path(tempfile.gettempdir()).glob("org.chromium.Chromium.*"))
+
+
 class Chrome:
     """One headless Chromium with its own profile; `call` sends a DevTools command."""
 
@@ -33,6 +39,7 @@ class Chrome:
         exe = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
         if not exe:
             raise BrowserMissing("no chromium on this host. Fix: apt-get install -y chromium")
+        self._tmp_before = _chromium_tmp()
         self.proc = subprocess.Popen(
             [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
              "--no-first-run", "--no-default-browser-check", "--disable-dev-shm-usage",
@@ -79,6 +86,9 @@ class Chrome:
 
     def _stop(self) -> None:
         stop_process(self.proc, grace=10)
+        # What this browser left in the temporary folder (org.chromium.Chromium.*): removed once it has stopped.
+        for left in _chromium_tmp() - self._tmp_before:
+            shutil.rmtree(left, ignore_errors=True)
 
     def close(self) -> None:
         try:
