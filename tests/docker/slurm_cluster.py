@@ -368,3 +368,17 @@ class SlurmCluster:
     def restart(self, node: str, timeout: float = 60) -> None:
         self.containers[node].start()
         wait_until(lambda: self.node_idle(node), timeout, interval=0.5, what=f"{node} idle again")
+
+
+def finish(cluster: SlurmCluster, job: str, timeout: float) -> tuple[dict[str, str], str]:
+    """Wait for the job's final state; cancel it when there is none in time."""
+    try:
+        info = cluster.wait(job, timeout)
+    except AssertionError:
+        cluster.cancel(job)
+        raise AssertionError(f"job {job} did not end in {timeout} s:\n{cluster.output(job)[-4000:]}\n"
+                             f"{cluster.logs()}") from None
+    text = cluster.output(job)
+    print(f"job {job}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} Reason={info.get('Reason')} "
+          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")  # shown by pytest -rP or on failure
+    return info, text

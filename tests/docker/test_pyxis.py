@@ -40,7 +40,7 @@ from tests.support import wait_until
 
 from .cellimage import BuiltCell
 from .pyxis_cluster import build_pyxis_image, node_options
-from .slurm_cluster import FINAL_STATES, JOBS, SlurmCluster, SlurmClusterError
+from .slurm_cluster import FINAL_STATES, JOBS, SlurmCluster, SlurmClusterError, finish
 
 pytestmark = pytest.mark.slow
 
@@ -85,19 +85,6 @@ def generate(tmp: Path, cell: str, sqsh: Path, *extra: str) -> str:
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     return (tmp / cell / "slurm.sbatch").read_text()
-
-
-def finish(cluster: SlurmCluster, job: str, timeout: float) -> tuple[dict[str, str], str]:
-    try:
-        info = cluster.wait(job, timeout)
-    except AssertionError:
-        cluster.cancel(job)
-        raise AssertionError(f"job {job} did not end in {timeout} s:\n{cluster.output(job)[-4000:]}\n"
-                             f"{cluster.logs()}") from None
-    text = cluster.output(job)
-    print(f"job {job}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} Reason={info.get('Reason')} "
-          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")
-    return info, text
 
 
 def test_pyxis_runs_the_ddp_job_across_two_nodes(cluster: SlurmCluster, built_cell: BuiltCell,

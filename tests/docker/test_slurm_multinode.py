@@ -35,7 +35,7 @@ from builder.smoke.torchrun import ddp_job_args
 from tests.support import wait_until
 
 from .cellimage import BuiltCell
-from .slurm_cluster import SlurmCluster, SlurmClusterError, build_slurm_image
+from .slurm_cluster import SlurmCluster, SlurmClusterError, build_slurm_image, finish
 
 pytestmark = pytest.mark.slow
 
@@ -102,20 +102,6 @@ def ddp_command(run: str, *fault: str, steps: int = 60, step_sleep_s: float = 0.
     args = ddp_job_args(out=out, steps=steps, step_sleep_s=step_sleep_s, timeout_s=30 if short else 60,
                         phase_timeout_s=60 if short else 120, extra=("--node-out", out, *fault))
     return shlex.join([contract.DDP_JOB, *args])
-
-
-def finish(cluster: SlurmCluster, job: str, timeout: float) -> tuple[dict[str, str], str]:
-    """Wait for the job's final state; cancel it when there is none in time."""
-    try:
-        info = cluster.wait(job, timeout)
-    except AssertionError:
-        cluster.cancel(job)
-        raise AssertionError(f"job {job} did not end in {timeout} s:\n{cluster.output(job)[-4000:]}\n"
-                             f"{cluster.logs()}") from None
-    text = cluster.output(job)
-    print(f"job {job}: JobState={info.get('JobState')} ExitCode={info.get('ExitCode')} Reason={info.get('Reason')} "
-          f"RunTime={info.get('RunTime')}\n{text[-3000:]}")  # shown by pytest -rP or on failure
-    return info, text
 
 
 def test_native_job_runs_ddp_across_two_nodes(cluster: SlurmCluster, built_cell: BuiltCell, tmp_path: Path) -> None:
