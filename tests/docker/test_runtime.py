@@ -664,6 +664,19 @@ def test_ssh_audit_finds_nothing_that_fails(container: Any, ssh_key: tuple[Path,
     assert report["banner"]["software"].startswith("OpenSSH")
 
 
+def _end_tunnel(proc: subprocess.Popen[str]) -> str:
+    """Stop an `ssh -N` tunnel and return its stderr. SIGTERM first; OpenSSH 9.2 has been seen (once in CI)
+    still running 30 s after it, with its forward refused, so SIGKILL after 10 s: how it exits is not what
+    these tests check."""
+    proc.terminate()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate(timeout=30)
+    return err or ""
+
+
 def _ssh_forward(port: int, key: Path, spec: list[str], command: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ssh", *SSH_OPTS, "-i", str(key), "-o", "IdentitiesOnly=yes", "-o", "ExitOnForwardFailure=yes",
                            *spec, "-p", str(port), f"pt@{LOCAL}", command],
@@ -701,8 +714,7 @@ def test_ssh_forwards_only_local_tunnels_to_jupyter_and_tensorboard(container: A
                                 60, interval=0.5, what=f"ssh -L {target}")
             assert status == 200
         finally:
-            proc.terminate()
-            proc.communicate(timeout=30)
+            _end_tunnel(proc)
     # Anywhere else: the channel is refused (PermitOpen).
     proc, local = tunnel("127.0.0.1:22")
     try:
@@ -712,8 +724,7 @@ def test_ssh_forwards_only_local_tunnels_to_jupyter_and_tensorboard(container: A
             sock.settimeout(10)
             assert sock.recv(64) == b"", "ssh -L to sshd's own port must be refused"
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        err = _end_tunnel(proc)
     assert "administratively prohibited" in err, err
     # Remote listeners, unix-socket forwarding and the agent: refused.
     remote = _ssh_forward(port, key, ["-R", "0:127.0.0.1:9"], "true")
@@ -731,8 +742,7 @@ def test_ssh_forwards_only_local_tunnels_to_jupyter_and_tensorboard(container: A
             sock.connect(str(local_sock))
             assert sock.recv(64) == b"", "ssh -L to a unix socket must be refused"
     finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=30)
+        err = _end_tunnel(proc)
     assert "open failed" in err, err
     agent = subprocess.run(["ssh-agent", "sh", "-c",
                             f"ssh-add -q {key} && ssh {' '.join(SSH_OPTS)} -A -i {key} -p {port} pt@{LOCAL} "
