@@ -65,6 +65,7 @@ PLAN: tuple[Target, ...] = (
     Target("builder/publish/vulns.py", (_U + "audit/test_osv.py",), only=("python_gate", "combine")),
     # The zstd layer pusher: diff_ids against the config's, the config against the image, what a retry skips.
     Target("builder/publish/zstdpush.py", (_U + "publish/test_zstdpush.py", _U + "publish/test_zstd_publish.py")),
+    Target("builder/common/digests.py", (_U + "publish/test_zstdpush.py", _U + "attest/test_rebuild.py")),
     Target("builder/cli/verbs/publish.py", (_U + "cli/verbs/test_publish.py", _U + "publish/test_publisher.py",
                                              _U + "publish/test_freshness.py",
                                              _U + "audit/test_osv.py", _U + "publish/test_gates.py"),

@@ -17,7 +17,6 @@ is reached through :class:`Store`, which builder/publish/signing.py implements o
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from typing import Protocol
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from builder.attest.keys import ALGORITHM
+from builder.common.digests import digest_of
 from builder.common.errors import StepFailed
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -49,10 +49,6 @@ class Store(Protocol):
     def get_blob(self, digest: str) -> bytes: ...
     def put_blob(self, data: bytes, digest: str) -> None: ...  # a no-op when the registry holds it
     def put_manifest(self, reference: str, media_type: str, body: bytes) -> str: ...  # the digest
-
-
-def digest_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def tag_for(digest: str, suffix: str) -> str:

@@ -14,8 +14,6 @@ compared. The image config's Entrypoint, Cmd, Env, User and WorkingDir must be e
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import tarfile
 from collections.abc import Sequence
@@ -25,7 +23,7 @@ from typing import IO, Any, Protocol
 
 import zstandard
 
-from builder.attest.cosign_store import digest_of
+from builder.common.digests import HashingReader, digest_of
 from builder.common.errors import StepFailed
 from builder.imaging.repro import Entry, OciImage, compare_entries, layer_entries, plain_stream
 
@@ -49,24 +47,6 @@ class BlobSource(Protocol):
     def open_blob(self, digest: str) -> AbstractContextManager[IO[bytes]]: ...  # a layer, streamed
 
 
-class _Hashing(io.RawIOBase):
-    """Reads through to ``raw``, hashing every byte that passes (the blob checked against its digest)."""
-
-    def __init__(self, raw: IO[bytes]) -> None:
-        self.raw, self.sha, self.size = raw, hashlib.sha256(), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        data = self.raw.read(min(len(b), CHUNK))
-        n = len(data)
-        b[:n] = data
-        self.sha.update(data)
-        self.size += n
-        return n
-
-
 def _drain(f: IO[bytes]) -> None:
     while f.read(CHUNK):
         pass
@@ -76,14 +56,14 @@ def published_entries(store: BlobSource, digest: str, where: str) -> dict[str, E
     """path -> entry of a layer blob streamed from the registry; RebuildFailed when its bytes are not ``digest``."""
     try:
         with store.open_blob(digest) as raw:
-            hashing = _Hashing(raw)
+            hashing = HashingReader(raw, CHUNK)
             plain = plain_stream(hashing)  # type: ignore[arg-type]  # a RawIOBase is a binary stream
             entries = layer_entries(plain)
             _drain(plain)  # to the end, so that the digest covers every byte
             _drain(hashing)  # type: ignore[arg-type]
     except (OSError, EOFError, ValueError, tarfile.TarError, zstandard.ZstdError) as exc:
         raise RebuildFailed(f"{where}: {digest} could not be read as a layer: {exc}") from None
-    got = "sha256:" + hashing.sha.hexdigest()
+    got = hashing.digest()
     if got != digest:
         raise RebuildFailed(f"{where}: the registry served {hashing.size} bytes with sha256 {got}, not the "
                             f"manifest's {digest}")

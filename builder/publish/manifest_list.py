@@ -23,7 +23,6 @@ nothing of the cell is pushed. A selection with only some platforms of a tag is 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Mapping, Sequence
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import ptmg_contract as contract
+from builder.common.digests import digest_of
 from builder.engine.capabilities import CONTAINERD
 from builder.matrix import ImageSpec, Matrix, tags
 from builder.matrix.model import PLATFORMS
@@ -94,10 +94,6 @@ def list_body(entries: Sequence[Entry]) -> tuple[bytes, str]:
          "platform": {"architecture": e.platform.split("/")[1], "os": e.platform.split("/")[0]}}
         for e in ordered]}
     return (json.dumps(doc, indent=3) + "\n").encode(), media
-
-
-def digest_of(body: bytes) -> str:
-    return "sha256:" + hashlib.sha256(body).hexdigest()
 
 
 @dataclass

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, Protocol, cast
 
+from builder.common.digests import HashingReader, digest_of
 from builder.common.log import human_size, log
 from builder.engine import EngineError
 from builder.publish.client import OCI_MANIFEST
@@ -184,36 +185,12 @@ def check_diff_ids(config: bytes, layers: Sequence[Blob]) -> None:
                         f"{want[at] if at < len(want) else 'nothing'} ({len(want)} layers); nothing was tagged")
 
 
-def digest_of(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
 def manifest_body(config: bytes, layers: Sequence[Blob]) -> bytes:
     """The OCI image manifest of the config and the zstd layers, in canonical bytes (fixed key order)."""
     doc = {"schemaVersion": 2, "mediaType": OCI_MANIFEST,
            "config": {"mediaType": OCI_CONFIG, "digest": digest_of(config), "size": len(config)},
            "layers": [{"mediaType": ZSTD_LAYER, "digest": b.digest, "size": b.size} for b in layers]}
     return (json.dumps(doc, indent=3) + "\n").encode()
-
-
-class _Hashing(io.RawIOBase):
-    """Reads ``stream``, hashing every byte read (the plain tar's diff_id)."""
-
-    def __init__(self, stream: IO[bytes]) -> None:
-        self.stream, self.sha, self.size = stream, hashlib.sha256(), 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b: Any) -> int:
-        data = self.stream.read(len(b))
-        b[: len(data)] = data
-        self.sha.update(data)
-        self.size += len(data)
-        return len(data)
-
-    def digest(self) -> str:
-        return "sha256:" + self.sha.hexdigest()
 
 
 # --- the push ---------------------------------------------------------------------------
@@ -274,7 +251,7 @@ class ZstdPusher:
         def layer(name: str, raw: IO[bytes]) -> Blob:
             hit = self.known.get(name)
             if hit is not None and self._exists(hit.digest):
-                reader = _Hashing(plain(raw))
+                reader = HashingReader(plain(raw), CHUNK)
                 while reader.read(CHUNK):
                     pass
                 if reader.digest() != hit.diff_id:
@@ -312,7 +289,7 @@ class ZstdPusher:
         """Compress one layer on its way to the registry; its diff_id is hashed on the way in."""
         import zstandard
 
-        tar = _Hashing(plain(raw))
+        tar = HashingReader(plain(raw), CHUNK)
         sha, size = hashlib.sha256(), 0
         cctx = zstandard.ZstdCompressor(level=self.level, threads=self.threads)
 

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import ptmg_contract as contract
 from builder.attest import keys, rebuild, statements
-from builder.attest.cosign_store import StoreError, digest_of
+from builder.attest.cosign_store import StoreError
 from builder.attest.verify import Checkout, verify
 from builder.cli import args as types
 from builder.cli.context import Context
 from builder.cli.registry import Verb
+from builder.common.digests import digest_of
 from builder.common.errors import InputError, StepFailed
 from builder.common.log import BuildProgress, log
 from builder.engine import find_buildkit_cli

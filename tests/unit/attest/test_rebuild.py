@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from builder.attest import rebuild
-from builder.attest.cosign_store import digest_of
 from builder.cli.verbs.verify import check_rebuilds
+from builder.common.digests import digest_of
 from builder.imaging import repro
 from builder.matrix import ImageSpec
 from builder.publish.address import parse_registry

@@ -26,6 +26,7 @@ import ptmg_contract as contract
 from builder.attest import cosign_store, keys, statements
 from builder.attest.signer import SIGNED, UNCHANGED, sign_digest
 from builder.attest.verify import Checkout, VerifyFailed, verify
+from builder.common.digests import digest_of
 from builder.common.errors import InputError
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
@@ -57,14 +58,14 @@ def push_image(store: ClientStore, tag: str, snapshot: str = SNAPSHOT, cell: str
     layer = os.urandom(64)
     config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Labels": {
         contract.LABEL_CELL: cell, contract.LABEL_OS_SNAPSHOT: snapshot}},
-        "rootfs": {"type": "layers", "diff_ids": [cosign_store.digest_of(layer)]}}).encode()
+        "rootfs": {"type": "layers", "diff_ids": [digest_of(layer)]}}).encode()
     for blob in (layer, config):
-        store.put_blob(blob, cosign_store.digest_of(blob))
+        store.put_blob(blob, digest_of(blob))
     manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                            "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
-                                      "size": len(config), "digest": cosign_store.digest_of(config)},
+                                      "size": len(config), "digest": digest_of(config)},
                            "layers": [{"mediaType": "application/vnd.docker.image.rootfs.diff.tar.gzip",
-                                       "size": len(layer), "digest": cosign_store.digest_of(layer)}]}).encode()
+                                       "size": len(layer), "digest": digest_of(layer)}]}).encode()
     return store.put_manifest(tag, "application/vnd.docker.distribution.manifest.v2+json", manifest)
 
 
@@ -215,38 +216,32 @@ def test_signed_digest_verifies_twice_and_a_rerun_signs_nothing(repo: Any, keypa
         verify(store, keys.load_public(pub), digest, checkout(store))
 
 
-def test_a_changed_payload_byte_fails(repo: Any, keypair: Any) -> None:
+def _flip_payload_byte(env: dict[str, Any]) -> None:
+    body = bytearray(base64.b64decode(env["payload"]))
+    body[body.index(b"2.7.0")] = ord("3")
+    env["payload"] = base64.b64encode(bytes(body)).decode()
+
+
+def _flip_signature_bit(env: dict[str, Any]) -> None:
+    sig = bytearray(base64.b64decode(env["signatures"][0]["sig"]))
+    sig[-1] ^= 1
+    env["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
+
+
+@pytest.mark.parametrize(("flip", "layer", "reason"), [
+    (_flip_payload_byte, 0, r"layer 0 \(https://slsa.dev/provenance/v1\): no signature in the envelope verifies"),
+    (_flip_signature_bit, 2, r"layer 2 .*gates/v1\): no signature"),
+], ids=["payload-byte", "signature"])
+def test_a_changed_payload_byte_or_signature_fails(repo: Any, keypair: Any, flip: Any, layer: int,
+                                                   reason: str) -> None:
     _, store, ref = repo
     key, pub = keypair
     digest = push_image(store, "a")
     sign(store, ref, key, digest)
-    layers = att_layers(store, digest)
-
-    def flip(env: dict[str, Any]) -> None:
-        body = bytearray(base64.b64decode(env["payload"]))
-        body[body.index(b"2.7.0")] = ord("3")
-        env["payload"] = base64.b64encode(bytes(body)).decode()
-
-    put_att(store, digest, [edit_envelope(layers[0], flip), *layers[1:]])
-    with pytest.raises(VerifyFailed, match=r"layer 0 \(https://slsa.dev/provenance/v1\): no signature in the "
-                                           "envelope verifies"):
-        verify(store, keys.load_public(pub), digest, checkout(store))
-
-
-def test_a_changed_signature_fails(repo: Any, keypair: Any) -> None:
-    _, store, ref = repo
-    key, pub = keypair
-    digest = push_image(store, "a")
-    sign(store, ref, key, digest)
-    layers = att_layers(store, digest)
-
-    def flip(env: dict[str, Any]) -> None:
-        sig = bytearray(base64.b64decode(env["signatures"][0]["sig"]))
-        sig[-1] ^= 1
-        env["signatures"][0]["sig"] = base64.b64encode(bytes(sig)).decode()
-
-    put_att(store, digest, [*layers[:2], edit_envelope(layers[2], flip)])
-    with pytest.raises(VerifyFailed, match=r"layer 2 .*gates/v1\): no signature"):
+    layers = list(att_layers(store, digest))
+    layers[layer] = edit_envelope(layers[layer], flip)
+    put_att(store, digest, layers)
+    with pytest.raises(VerifyFailed, match=reason):
         verify(store, keys.load_public(pub), digest, checkout(store))
 
 
