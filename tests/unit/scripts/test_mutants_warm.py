@@ -85,4 +85,4 @@ def test_a_server_that_holds_a_module_of_the_tree_refuses_to_serve(
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     tree = _tree(tmp_path)
     with pytest.raises(warm.Cold, match=r"would not be clean: .*modules of the tree \['mod'\]"):
-        warm.Warm(sys.executable, tree, ["mod"])  # a mutant of mod.py would go unseen
+        warm.Warm(sys.executable, tree, ["mod"])  # a mutant of the tree's module would go unseen
