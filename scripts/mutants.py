@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """`make mutants`: mutation testing of the safety modules with cosmic-ray (requirements-mutants.txt).
 
-    scripts/mutants.py [--scope all|changed] [--base main] [--only TEXT] [--jobs 2] [--report PATH]
+    scripts/mutants.py [--scope all|changed] [--base main] [--only TEXT] [--jobs 2] [--cold] [--report PATH]
 
 Each mutant is one small change to a module of the plan (scripts/mutants_plan.py: the root start,
 the services' input checks, the lock store and check, the audit and publish gates, the smoke
 verdicts, GPU planning and watchdog, the YAML loader), tested by that module's unit test files only,
-with -x and a timeout. Mutants run in scratch copies of the tree (one per job) made from the files
+with -x and a timeout, forked from a warm pytest of the scratch copy (scripts/mutants_warm.py;
+`--cold`: a fresh interpreter each). Mutants run in scratch copies of the tree (one per job) made from the files
 git knows (tracked and untracked, not ignored), never in the work tree: an interrupted run leaves no
 mutated file behind. `--scope changed` mutates only the modules whose file or tests differ from
 --base (committed or not).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import queue
 import shlex
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import mutants_plan as plan
+import mutants_warm as warm
 
 ROOT = plan.ROOT
 PY = sys.executable
@@ -114,25 +117,25 @@ def scratch_copy(into: Path) -> None:
             shutil.copy2(src, into / name, follow_symlinks=False)
 
 
-def pytest_argv(tests: list[str] | tuple[str, ...], *extra: str) -> list[str]:
+def pytest_args(tests: list[str] | tuple[str, ...], *extra: str) -> list[str]:
     """One unit test run, as lean as it gets: no plugins loaded from entry points (the unit tier
     needs none; PYTEST_DISABLE_PLUGIN_AUTOLOAD, set by main(), saves a third of a small run), no
     cache written, stop at the first failure."""
-    return [PY, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--strict-markers",
-            *extra, *tests]
+    return ["-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=", "--strict-markers", *extra, *tests]
 
 
-def baseline(scratch: Path, tests: list[str]) -> dict[str, float]:
+def baseline(scratch: Path, tests: list[str]) -> tuple[dict[str, float], list[str]]:
     """Run every test file once, unmutated, in `scratch` (it must pass; it writes the .pyc files the
-    mutant runs reuse) and return each file's test time."""
+    mutant runs reuse): each file's test time, and the installed modules the run imported (the warm
+    server's to import first)."""
     probe = subprocess.run([PY, "-c", "import builder, ptmg_contract; print(builder.__file__, ptmg_contract.__file__)"],
                            cwd=scratch, capture_output=True, text=True, check=False)
     if probe.returncode or any(not Path(p).resolve().is_relative_to(scratch.resolve()) for p in probe.stdout.split()):
         raise Broken(f"in the scratch copy, the tests would import {probe.stdout.strip() or probe.stderr.strip()}, "
                      "not the scratch copy: mutants would go unseen")
-    junit = scratch / ".mutants-baseline.xml"
-    r = subprocess.run(pytest_argv(tests, f"--junitxml={junit}"), cwd=scratch, capture_output=True, text=True,
-                       check=False)
+    junit, dump = scratch / ".mutants-baseline.xml", scratch / ".mutants-modules.json"
+    r = subprocess.run(warm.dump_argv(PY, dump, pytest_args(tests, f"--junitxml={junit}")), cwd=scratch,
+                       capture_output=True, text=True, check=False)
     if r.returncode:
         raise Broken("the unit tests fail before any mutation:\n" + (r.stdout + r.stderr)[-3000:])
     times = dict.fromkeys(tests, 0.0)
@@ -141,7 +144,7 @@ def baseline(scratch: Path, tests: list[str]) -> dict[str, float]:
         for t in tests:
             if module == t[:-3].replace("/", ".") or module.startswith(t[:-3].replace("/", ".") + "."):
                 times[t] += float(case.get("time", 0))
-    return times
+    return times, json.loads(dump.read_text(encoding="utf-8"))
 
 
 def session_path(logs: Path, t: plan.Target) -> Path:
@@ -209,7 +212,10 @@ class Judge:
             tally.timeouts += result.output == "timeout"
 
 
-def run_jobs(jobs: list[tuple[Tally, Any]], scratches: list[Path], timeouts: dict[str, float], judge: Judge) -> None:
+def run_jobs(jobs: list[tuple[Tally, Any]], scratches: dict[Path, warm.Warm | None], timeouts: dict[str, float],
+             judge: Judge) -> None:
+    """Each mutant in a free scratch copy: its tests forked from the copy's warm pytest, or (`--cold`, or
+    a server that ended) in a fresh interpreter, as cosmic-ray runs them."""
     from attrs import evolve
     from cosmic_ray.mutating import mutate_and_test
 
@@ -222,9 +228,17 @@ def run_jobs(jobs: list[tuple[Tally, Any]], scratches: list[Path], timeouts: dic
         began = time.monotonic()
         try:
             mutations = [evolve(m, module_path=scratch / m.module_path) for m in item.mutations]
-            command = ["env", "-C", str(scratch), *pytest_argv(tally.target.tests)]
-            return mutate_and_test(mutations, shlex.join(command), timeouts[tally.target.path]), \
-                time.monotonic() - began
+            timeout, server = timeouts[tally.target.path], scratches[scratch]
+            if server is not None:
+                try:
+                    return warm.mutate_and_test(mutations, server, pytest_args(tally.target.tests), timeout), \
+                        time.monotonic() - began
+                except warm.Cold as e:
+                    print(f"mutants: {e}; this copy runs its mutants cold", file=sys.stderr, flush=True)
+                    server.close()
+                    scratches[scratch] = None
+            command = ["env", "-C", str(scratch), PY, "-m", "pytest", *pytest_args(tally.target.tests)]
+            return mutate_and_test(mutations, shlex.join(command), timeout), time.monotonic() - began
         finally:
             free.put(scratch)
 
@@ -306,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the modules whose path contains TEXT (repeatable)")
     p.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in its own scratch copy (2)")
     p.add_argument("--report", type=Path, default=ROOT / "build-logs" / "mutants.txt")
+    p.add_argument("--cold", action="store_true",
+                   help="each mutant's tests in a fresh interpreter, not forked from a warm pytest (slower)")
     p.add_argument("--reuse", action="store_true",
                    help="run nothing: judge the sessions of the last run again (after editing the accepted list)")
     a = p.parse_args(argv)
@@ -348,14 +364,15 @@ def run(a: argparse.Namespace, targets: list[plan.Target], accepted: list[plan.A
               file=sys.stderr, flush=True)
         with ThreadPoolExecutor(max_workers=a.jobs) as pool:
             runs = [f.result() for f in [pool.submit(baseline, s, tests) for s in scratches]]
-        times = {f: max(r[f] for r in runs) for f in tests}
+        times = {f: max(r[0][f] for r in runs) for f in tests}
+        servers = {s: None if a.cold else warm.start(PY, s, runs[0][1], stack) for s in scratches}
         # A mutant gets 4x its tests' unmutated time, plus the interpreter's start: a loaded machine
         # must not turn a survivor into a "timeout" (counted as killed).
         timeouts = {t.path: 20 + 4 * sum(times[f] for f in t.tests) for t in targets}
         tallies, jobs = plan_jobs(targets, a.report.parent / "mutants", stack)
         print(f"mutants: {len(jobs)} mutants to run ({sum(t.skipped for t in tallies.values())} not run: "
               "see the report)", file=sys.stderr, flush=True)
-        run_jobs(jobs, scratches, timeouts, judge)
+        run_jobs(jobs, servers, timeouts, judge)
         return finish(a, tallies, accepted, started)
 
 

@@ -120,6 +120,17 @@ def test_the_files_that_differ_are_named_with_what_differs(tmp_path: Path) -> No
     assert "  /var/log/dpkg.log: only in the second build" in lines
 
 
+def test_a_path_in_one_build_only_is_named_with_the_build_that_has_it() -> None:
+    entry = ("0", 0o644, 0, 0, 4, "", 100, "c" * 64)
+    a = {"/both": entry, "/gone": entry}
+    b = {"/both": (*entry[:6], 200, entry[7]), "/new": entry}
+    names = ("the published image", "the rebuild")
+    assert list(repro.compare_entries(a, b, names)) == [
+        "/both: mtime differ", "/gone: only in the published image", "/new: only in the rebuild"]
+    assert list(repro.compare_entries(a, b, names, frozenset({"mtime"}))) == [
+        "/gone: only in the published image", "/new: only in the rebuild"]
+
+
 def test_a_config_only_difference_and_a_layer_count_are_said(tmp_path: Path) -> None:
     a, b = _layout(tmp_path / "a", [BASE, OURS], "one"), _layout(tmp_path / "b", [BASE, OURS], "two")
     assert repro.differing_files(a, b) == ["every layer is the same; the image configs differ (labels, history or "

@@ -25,6 +25,10 @@ WHAT = "GET x"
 class Answer:
     def __init__(self, status: int, body: bytes = b"", headers: Mapping[str, str] | None = None) -> None:
         self.status_code, self.content, self.headers = status, body, dict(headers or {})
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
 
     def json(self) -> Any:
         return json.loads(self.content)
@@ -36,10 +40,12 @@ class Session:
     def __init__(self, *answers: Answer | Exception) -> None:
         self.answers = list(answers)
         self.asked: list[tuple[str, str, dict[str, str]]] = []
+        self.streamed: list[bool] = []  # each request's `stream=` (False when not passed)
         self.trust_env = True
 
     def _answer(self, method: str, url: str, headers: Mapping[str, str] | None = None, **kw: Any) -> Answer:
         self.asked.append((method, url, dict(headers or {})))
+        self.streamed.append(kw.get("stream", False))
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -258,3 +264,22 @@ def test_a_blob_that_cannot_be_reached_is_a_fault() -> None:
 
     got = _client(Session(requests.exceptions.ConnectionError("refused"))).blob("sha256:" + "b" * 64)
     assert isinstance(got, Fault) and got.kind == "network"
+
+
+def test_an_opened_blob_is_the_streamed_answer_only_on_200_and_any_other_is_closed_and_a_fault() -> None:
+    import requests
+
+    blob = "sha256:" + "b" * 64
+    ok, missing = Answer(200, b"layer bytes"), Answer(404, json.dumps({"errors": [{"code": "BLOB_UNKNOWN"}]}).encode())
+    session = Session(ok, missing, requests.exceptions.ConnectionError("refused"), Answer(200, b"whole"))
+    c = _client(session)
+    opened: object = c.open_blob(blob)
+    assert opened is ok and not ok.closed  # the caller reads it, then closes it
+    got = c.open_blob(blob)
+    assert isinstance(got, Fault) and (got.kind, got.transient) == ("protocol", False) and missing.closed
+    assert got.message.startswith(f"GET registry.example:5000/img@{blob}: HTTP 404")
+    down = c.open_blob(blob)
+    assert isinstance(down, Fault) and down.kind == "network"
+    assert c.blob(blob) == b"whole"
+    # only the opened blob is streamed (a layer of gigabytes is never held whole); the read blob is not
+    assert session.streamed == [True, True, True, False]
