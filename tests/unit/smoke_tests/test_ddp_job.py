@@ -119,6 +119,25 @@ def test_the_fake_torch_aborts_a_job_whose_watchdog_waits_too_long(tmp_path: Any
     assert contract.DDP_STUCK_MARKER not in proc.stderr
 
 
+def test_a_finished_rank_exits_even_when_the_interpreter_teardown_would_hang(tmp_path: Any) -> None:
+    """ddp_job.py run as torchrun runs it (``__main__``), on the fake torch, whose init_process_group
+    fails at once; beside it a thread that never ends, as torch's teardown has hung a finished rank
+    until the job's hard timeout. The rank must exit with main()'s status at once, its lines flushed."""
+    code = FAKE_TORCH_JOB.format(smoke=str(SMOKE_DIR), timeout=2, phase=30, out=str(tmp_path / "out"))
+    code = code.replace("timeouts.append(timeout.total_seconds())",
+                        "raise RuntimeError('fake torch: no peer answered')")
+    head, _, _ = code.partition("import ddp_job\n")
+    code = head + textwrap.dedent(f"""
+        import runpy
+        threading.Thread(target=threading.Event().wait, name="teardown-hang").start()  # not a daemon
+        sys.argv = ["ddp_job.py", "--backend", "gloo", "--out", {str(tmp_path / "out")!r}]
+        runpy.run_path({str(SMOKE_DIR / "ddp_job.py")!r}, run_name="__main__")
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    assert "PTMG_DDP rank 0 failed in init_process_group: RuntimeError: fake torch: no peer answered" in proc.stderr, proc.stderr
+
+
 # --- the benchmark's timed loop ------------------------------------------------------------------------
 
 
