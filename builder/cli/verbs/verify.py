@@ -138,7 +138,6 @@ def check_rebuilds(store: ClientStore, targets: Sequence[tuple[str, ImageSpec, s
 def run(ctx: Context) -> int:
     pub = keys.load_public(Path(ctx.args.key))
     registry, name, reference = parse_ref(ctx.args.ref)
-    build = engine_rebuilder(ctx) if ctx.args.rebuild else None  # an engine that can't rebuild: refused first
     client = RegistryClient(registry, name, load_credentials(registry, os.environ))
     remote = client.manifest(reference)
     if remote.fault is not None:
@@ -157,12 +156,13 @@ def run(ctx: Context) -> int:
         for line in done.checks:
             print(f"  - {line}")
     print(f"{ctx.args.ref}: OK, {len(digests)} digest(s) signed by {keys.key_id(pub)}")
-    if build is None:
+    if not ctx.args.rebuild:
         return 0
     specs = {c.name: c for c in ctx.matrix.cells}
     reader = labels_reader(store)
     targets = [(d, specs[cell], str((reader(d) or {}).get(contract.LABEL_OS_SNAPSHOT, "")))
                for d in [d for _, d in remote.children] or [remote.digest] for cell in verified[d].cells]
+    build = engine_rebuilder(ctx)
     work = ctx.root / ".build"
     work.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="verify-rebuild-", dir=work) as tmp:
