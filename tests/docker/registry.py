@@ -1,10 +1,12 @@
 """A real Docker registry (Debian's docker-registry, distribution 2.x) as a test helper.
 
 `LocalRegistry` writes a config (filesystem storage under a directory the test
-owns, listening on 127.0.0.1:<free port>, optionally htpasswd auth with a bcrypt
-file), starts `docker-registry serve`, waits until /v2/ answers, and can be
-killed and started again on the same port and storage (fault tests). dockerd
-talks plain HTTP to 127.0.0.0/8 registries without configuration.
+owns, listening on 127.0.0.1:<free port>, or another address of this host,
+optionally htpasswd auth with a bcrypt file), starts `docker-registry serve`,
+waits until /v2/ answers, and can be killed and started again on the same port
+and storage (fault tests). dockerd talks plain HTTP to 127.0.0.0/8 registries
+without configuration (another address needs a client told so: skopeo
+--dest-tls-verify=false).
 
 Needs: apt docker-registry; pip bcrypt (for the htpasswd file).
 """
@@ -28,9 +30,9 @@ FIX = ("the test registry needs Debian's docker-registry package (`apt-get insta
        "and python bcrypt (`pip install bcrypt`)")
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return int(s.getsockname()[1])
 
 
@@ -44,12 +46,13 @@ def write_htpasswd(path: Path, user: str, password: str) -> None:
 
 
 class LocalRegistry:
-    def __init__(self, root: Path, *, auth: tuple[str, str] | None = None) -> None:
+    def __init__(self, root: Path, *, auth: tuple[str, str] | None = None, address: str = "127.0.0.1") -> None:
+        """address: where it listens (e.g. a Docker network's gateway, for containers to reach it)."""
         self.root = root
         self.storage = root / "storage"
         self.storage.mkdir(parents=True, exist_ok=True)
-        self.port = free_port()
-        self.host = f"127.0.0.1:{self.port}"
+        self.port = free_port(address)
+        self.host = f"{address}:{self.port}"
         self.url = f"http://{self.host}"
         self.auth = auth
         self.log_path = root / "registry.log"

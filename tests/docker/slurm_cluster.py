@@ -12,7 +12,8 @@ Containers: the controller `slurmctl` (slurmctld + slurmdbd + MariaDB, so `sacct
 nodes run the image's own software (torch in /opt/venv): `build.py launch --launcher native` runs
 the node script on them directly. slurmd runs as root and starts job steps as the submitter.
 
-One user-defined network with a subnet of its own (10.213.X.0/24, the first free X): the
+One user-defined network with a subnet of its own (10.213.X.0/24, the first free X): the host
+is .1 (`gateway`: where a service the test runs on the host, e.g. a registry, is reached), the
 controller is .10, `nodeN` is .10+N, and every container's /etc/hosts names them all, so a killed
 container's name still resolves (Docker's DNS forgets it at once, and slurmctld then stalls in
 getaddrinfo retries). Two volumes: the config (munge key, slurm.conf, slurmdbd.conf; read-only on
@@ -197,6 +198,7 @@ class SlurmCluster:
         self.names = ["slurmctl", *(f"node{i}" for i in range(1, nodes + 1))]
         self.containers: dict[str, Container] = {}
         self.up_seconds: float | None = None
+        self.gateway = ""  # the host's address on the cluster's network, once started
 
     # --- lifecycle ---
     def __enter__(self) -> SlurmCluster:
@@ -251,13 +253,14 @@ class SlurmCluster:
         """A network on 10.213.X.0/24 (the first free X of a random sample) and its '10.213.X'."""
         last: Exception | None = None
         for x in random.sample(range(256), 40):
-            pool = docker.types.IPAMPool(subnet=f"10.213.{x}.0/24")
+            pool = docker.types.IPAMPool(subnet=f"10.213.{x}.0/24", gateway=f"10.213.{x}.1")
             try:
                 net = self.client.networks.create(self.prefix, driver="bridge", labels=self.labels,
                                                   ipam=docker.types.IPAMConfig(pool_configs=[pool]))
             except docker.errors.APIError as exc:  # "Pool overlaps with other one on this address space"
                 last = exc
                 continue
+            self.gateway = f"10.213.{x}.1"
             return net, f"10.213.{x}"
         raise SlurmClusterError(f"no free 10.213.X.0/24 subnet for the cluster's network ({last})")
 

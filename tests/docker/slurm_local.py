@@ -84,17 +84,12 @@ def slurm_conf(root: Path, ctld_port: int, slurmd_port: int, cpus: int) -> str:
 
 
 class LocalSlurm:
-    def __init__(self, root: Path, cpus: int = 2, extra_conf: tuple[str, ...] = (),
-                 daemon_env: dict[str, str] | None = None) -> None:
-        """extra_conf: more slurm.conf lines (PlugStackConfig=...); daemon_env: more environment
-        for the daemons (what slurmstepd's children, e.g. pyxis's enroot, inherit)."""
+    def __init__(self, root: Path, cpus: int = 2) -> None:
         self.root = root
         self.cpus = cpus
-        self.extra_conf = extra_conf
         self.conf = root / "slurm.conf"
         self.procs: list[subprocess.Popen[bytes]] = []
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
-        self.daemon_env = {**self.env, **(daemon_env or {})}
 
     # --- lifecycle ---
     def __enter__(self) -> LocalSlurm:
@@ -116,8 +111,7 @@ class LocalSlurm:
         key = self.root / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        self.conf.write_text(slurm_conf(self.root, free_port(), free_port(), self.cpus)
-                             + "".join(f"{line}\n" for line in self.extra_conf))
+        self.conf.write_text(slurm_conf(self.root, free_port(), free_port(), self.cpus))
         m = self.root / "munge"
         self._spawn("munged", ["munged", "-F", "--force", f"--socket={m}/munge.socket.2", f"--key-file={key}",
                                f"--pid-file={m}/munged.pid", f"--log-file={m}/munged.log",
@@ -136,7 +130,7 @@ class LocalSlurm:
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = (self.root / "log" / f"{name}.out").open("wb")
-        proc = subprocess.Popen(argv, env=self.daemon_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         out.close()
         self.procs.append(proc)
 

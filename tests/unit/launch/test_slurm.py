@@ -156,8 +156,9 @@ def test_slurm_script_gives_each_node_its_rank_and_the_rendezvous(
     elif launcher == "pyxis":
         assert f"--container-image=pt-multi-gpu:{CELL}" in srun
         assert f"--container-mounts={tmp_path}/ptmg-ddp-4242:{tmp_path}/ptmg-ddp-4242,/scratch/data:/data:ro" in srun
-        # HOME bound whatever the site's enroot default; no ENTRYPOINT, no --container-env, no named container
-        assert "--container-workdir=/workspace --container-mount-home bash -c " in srun, srun
+        # HOME bound whatever the site's enroot default, the ENTRYPOINT off whatever the site's pyxis default;
+        # no --container-env, no named container
+        assert "--container-workdir=/workspace --container-mount-home --no-container-entrypoint bash -c " in srun, srun
         assert not any(f in srun for f in ("--container-entrypoint", "--container-env", "--container-name")), srun
     elif launcher == "apptainer":
         app = next(ln for ln in lines if ln.startswith("apptainer "))

@@ -50,6 +50,7 @@ OTHERS = frozenset({
     "generate_binary_build_matrix.py",  # pytorch/test-infra's
     "common/install_cuda.sh",  # pytorch/builder's
     "image-format.md", "98-nvidia.sh",  # NVIDIA/enroot's (a doc; the GPU hook in its conf/hooks/)
+    "50-slurm-pytorch.sh",  # NVIDIA/enroot's PyTorch hook (conf/hooks/extra/)
     "tests/utils/tracked_container.py",  # jupyter/docker-stacks'
     "builder.x.y",  # any dotted name (docs/architecture.md, this module)
 })
