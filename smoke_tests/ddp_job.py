@@ -369,18 +369,20 @@ def run(args: argparse.Namespace, rank: int, local_rank: int, world_size: int,
 
     ph.mark("destroy")
     dist.barrier()
-    dist.destroy_process_group()
+    # No destroy_process_group(): the rank ends right after this (finish(), os._exit), which frees all of
+    # it. torch 2.0.1's gloo destructor has deadlocked here (a clean-clone run, gdb): the main thread, GIL
+    # held, joins a gloo worker that waits for the GIL to free a tensor; the watchdog, a Python thread,
+    # then can't run either, and only run_ddp's hard timeout ended the job.
     if not ok:
         sys.stderr.write(f"PTMG_DDP rank {rank}: checks failed ({checks})\n")
         return 2
     return 0
 
 def finish(code: int) -> NoReturn:
-    """End this rank now with ``code``, its output flushed, skipping the interpreter's teardown. Once
-    main() returns, the result is written, the process group destroyed and the watchdog stopped, so
-    nothing would end a hang there: torch's teardown at exit (its C++ destructors, the c10d store's and
-    gloo's threads) has kept a finished torch 2.0.1 gloo rank alive until the job's hard timeout, on a
-    loaded 2-core host."""
+    """End this rank now with ``code``, its output flushed, skipping the interpreter's teardown and torch's
+    C++ destructors (the process group's among them, see run()). Once main() returns, the result is
+    written and the watchdog stopped, so nothing would end a hang there: a finished torch 2.0.1 gloo
+    rank has stayed alive in torch's teardown until the job's hard timeout."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
