@@ -4,11 +4,14 @@ past its timeout ends with everything it started; a server holding a module of t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -39,6 +42,15 @@ def _gone(pid: int) -> bool:
 ARGS = ["-q", "-x", "-p", "no:cacheprovider"]
 
 
+@contextlib.contextmanager
+def _serving(tree: Path, preload: list[str]) -> Iterator[Any]:
+    server = warm.Warm(sys.executable, tree, preload)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 def test_a_mutated_module_is_seen_by_the_next_run_and_its_restoring_by_the_one_after(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
@@ -48,8 +60,7 @@ def test_a_mutated_module_is_seen_by_the_next_run_and_its_restoring_by_the_one_a
                           capture_output=True, check=False).returncode == 0
     preload = json.loads(dump.read_text())
     assert {"pytest", "json", "subprocess"} <= set(preload) and not {"mod", "test_mod"} & set(preload)
-    server = warm.Warm(sys.executable, tree, preload)
-    try:
+    with _serving(tree, preload) as server:
         status, out = server.run([*ARGS, "test_mod.py"], 60)
         assert (status, out.strip().splitlines()[-1].split(" in ")[0]) == (0, "1 passed")
         (tree / "mod.py").write_text("def add(a, b):\n    return a - b\n")  # the mutant
@@ -57,16 +68,13 @@ def test_a_mutated_module_is_seen_by_the_next_run_and_its_restoring_by_the_one_a
         assert status == 1 and "FAILED test_mod.py::test_add" in out
         (tree / "mod.py").write_text("def add(a, b):\n    return a + b\n")  # restored
         assert server.run([*ARGS, "test_mod.py"], 60)[0] == 0
-    finally:
-        server.close()
 
 
 def test_a_run_past_its_timeout_ends_with_what_it_started_and_the_server_serves_on(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     tree = _tree(tmp_path)
-    server = warm.Warm(sys.executable, tree, [])
-    try:
+    with _serving(tree, []) as server:
         began = time.monotonic()
         status, _ = server.run([*ARGS, "test_hang.py"], 3)
         assert status is None and time.monotonic() - began < 30
@@ -76,8 +84,6 @@ def test_a_run_past_its_timeout_ends_with_what_it_started_and_the_server_serves_
             time.sleep(0.1)
         assert _gone(pid), f"the test's own child {pid} outlived the timeout"
         assert server.run([*ARGS, "test_mod.py"], 60)[0] == 0
-    finally:
-        server.close()
 
 
 def test_a_server_that_holds_a_module_of_the_tree_refuses_to_serve(
