@@ -34,7 +34,6 @@ KINDS = (
     ("tools", "pip check"),
     ("devel wheels", "pip install"),
     ("SBOM", "sbom.py"),
-    ("venv: torch + CUDA wheels + tools", "COPY /opt/venv "),  # from the wheels stage, below the OS layer
     ("our files", "COPY "),
     ("our files", "build_canary"),
 )

@@ -129,6 +129,19 @@ SOURCE_DATE_EPOCH = "315532800"
 BUILD_LOGS = "/var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/cache/ldconfig/aux-cache"
 
 
+#: The build's Python: a stage FROM the cell's base with python3 (and binutils, for slim-venv.sh's
+#: strip) from apt, which the venv's RUNs bind-mount read-only at `root`, below the OS layer that
+#: gives the image its own python3 (dockerfile/05-python.j2, imagebuild/build-python.sh). `libs`: its
+#: copies of the libraries its python3 and strip load that the base lacks (LD_LIBRARY_PATH there).
+BUILD_PYTHON: Mapping[str, object] = {
+    "stage": "ptmg-python",
+    "apt": ("binutils", "python3", "python3-venv"),
+    "root": "/ptmg-build/python",
+    "stage_libs": "/ptmg-libs",
+    "libs": "/ptmg-build/python/ptmg-libs",
+}
+
+
 def stage_paths() -> dict[str, object]:
     """The staged context paths the templates bind-mount (see WHEELHOUSE)."""
     return {"uv": f"{WHEELHOUSE}/uv", "sbom_input": f"{WHEELHOUSE}/sbom-input.json",
@@ -190,6 +203,7 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         devel_env=devel_env(spec),
         slim_args=slim_args(spec),
         stage=stage_paths(),
+        py=BUILD_PYTHON,
         source_date_epoch=SOURCE_DATE_EPOCH,
         build_logs=BUILD_LOGS,
         extra_pip=bool(spec.pip),

@@ -49,11 +49,17 @@ def _instructions(text: str) -> list[str]:
 
 def test_devel_shares_every_layer_up_to_the_tools_with_its_runtime_cell(pair: dict[str, ImageSpec]) -> None:
     runtime, devel = (_instructions(dockerfile.render(pair[n])) for n in (RUNTIME, DEVEL))
-    tools = max(i for i, ins in enumerate(runtime) if "pip install" in ins)  # the tools layer: the last one
+    tools = max(i for i, ins in enumerate(runtime) if "pip check" in ins)  # the tools layer
     assert devel[: tools + 1] == runtime[: tools + 1], "a devel cell must build on its runtime cell's layers"
-    extra = devel[tools + 1: len(devel) - (len(runtime) - tools - 1)]
-    # the toolkit and ninja come from the lock's devel layer (builder.lock.target.wanted: devel)
-    assert any("source=wheelhouse/devel," in ins and "uv pip install" in ins for ins in extra)
+    # What devel adds: its wheels right after the tools (in the venv, below the OS layer), then its
+    # Debian packages right after the OS layer; the rest is the runtime cell's, in the same order.
+    wheels = devel[tools + 1]
+    assert "source=wheelhouse/devel," in wheels and "uv pip install" in wheels
+    os_at = next(i for i, ins in enumerate(devel) if "apt-get upgrade" in ins)
+    assert devel[tools + 2: os_at + 1] == runtime[tools + 1: os_at], "the OS layer follows the devel wheels"
+    sbom = next(i for i, ins in enumerate(devel) if "sbom.py" in ins) - 1  # its USER 0:0
+    assert devel[sbom:sbom + 2] == runtime[os_at:os_at + 2], "then the runtime cell's SBOM layer"
+    extra = devel[os_at + 1: sbom]
     assert any("build-essential" in ins and "git" in ins and "cuda-home.sh 13.0 /opt/venv" in ins for ins in extra)
     env = next(ins for ins in extra if ins.startswith("ENV"))
     assert f"CUDA_HOME={contract.CUDA_HOME}" in env and 'TORCH_CUDA_ARCH_LIST="7.5;8.0;8.6;9.0;10.0;12.0"' in env
@@ -77,7 +83,7 @@ def test_every_image_gets_the_compiler_headers_and_rdma_core(pair: dict[str, Ima
         assert need in packages, need
     assert "build-essential" not in packages
     text = dockerfile.render(spec)
-    os_run = next(ins for ins in _instructions(text) if "apt-get install" in ins)
+    os_run = next(ins for ins in _instructions(text) if "apt-get upgrade" in ins)
     assert os_run.index("cp /ptmg-build/dpkg-slim-toolchain /etc/dpkg/dpkg.cfg.d/") < os_run.index("apt-get install")
     assert f"> {contract.LIBCUDA_LINK_DIR}/libcuda.so" in os_run and "INPUT(-l:libcuda.so.1)" in os_run
 
@@ -88,7 +94,8 @@ def test_the_trim_runs_in_every_run_that_installs_into_the_venv(pair: dict[str, 
         for ins in _instructions(dockerfile.render(spec)):
             if "pip install" in ins:
                 assert "--mount=type=bind,source=imagebuild/slim-venv.sh,target=/ptmg-build/slim-venv.sh" in ins
-                assert re.search(r"&& bash /ptmg-build/slim-venv.sh .*--strip-triton.* /opt/venv$", ins), ins
+                assert re.search(r"&& bash /ptmg-build/slim-venv.sh [^&]*--strip-triton[^&]* /opt/venv\s+"
+                                 r"&& sh /ptmg-build/build-python.sh restore /opt/venv$", ins), ins
 
 
 def test_blackwell_ptxas_goes_only_where_torch_has_no_sm_100_code(seeds: dict[str, ImageSpec]) -> None:
