@@ -2,7 +2,8 @@
 Prints a markdown report (paste into BENCHMARKS.md) and writes the figures as JSON.
 
     flock /tmp/ptmg-docker.lock .venv/bin/python bench/bench_pull.py [--cell 2.7.0-cuda12.6-cudnn9-runtime]
-        [--change files] [--change os] [--apt-package less] [--json build-logs/bench_pull.json]
+        [--change files] [--change os] [--apt-package less] [--node overlay2] [--node containerd]
+        [--json build-logs/bench_pull.json]
     .venv/bin/python bench/bench_pull.py --from-images IMAGE_A IMAGE_B     # two images the engine holds
     .venv/bin/python bench/bench_pull.py --share IMAGE...                  # several images on one node
 
@@ -16,10 +17,15 @@ B is built with `build.py build` (the engine's layer cache is used, as on a CI b
 the same repository, and the two costs of B for a node holding A are counted (bench/pulllib.py):
 by blob digest (B's compressed blobs whose digest A's manifest lacks: what enroot fetches) and by chain
 ID (B's unpacked layers whose chain ID A lacks: what Docker's and containerd's stores keep anew).
+Then the nodes (--node, default both stores): a fresh Docker 28 engine per image store
+(tests/docker/pullengine.py) pulls A from the registry, then each B onto a node that holds A only (B is
+removed from the node after it); per pull, the blob bytes the registry served (its log: what the node
+really fetched) and the pull's wall time (fetch on loopback + unpack), against A's own.
 B is removed after its change; at the end A, the registry, its storage and the copy, and the BuildKit
-records this run made, also on failure or Ctrl-C. Disk: about 19 GB at the peak (A and B, 5.8 GB each
-for the 2.7.0 cell, 3.3 GB each in the registry; the 3.2 GB build context only while one builds); it
-refuses to start, and to build B, with less than 25 GB free beyond that.
+records this run made, also on failure or Ctrl-C; each node's data goes when it stops. Disk, at the
+peak: A and one B (the layers B shares with A are kept once), A in the registry (3.3 GB for the 2.7.0
+cell) and one node (5.8 GB, the containerd store 9 GB: blobs and snapshots); it refuses to start, to
+build B and to start a node unless 15 GB stay free beyond each step's estimate.
 
 --from-images and --share build nothing: they read the engine (diff IDs, and the unpacked size of each
 layer from the classic store's layer database, so as root), and count by chain ID and by diff ID; a
@@ -52,12 +58,13 @@ import pulllib  # noqa: E402
 import yaml  # noqa: E402
 from benchlib import PY, need_disk, prune_own_records  # noqa: E402
 
+from tests.docker.pullengine import PullEngine  # noqa: E402
 from tests.docker.registry import LocalRegistry  # noqa: E402
 
 DOCKER = pulllib.DOCKER
 REPO = "ptmg-bench-pull"
 DEFAULT_CELL = "2.7.0-cuda12.6-cudnn9-runtime"
-KEEP_FREE_GB = 25.0
+KEEP_FREE_GB = 15.0  # what the machine keeps free at the bench's peak
 PEAK_GB = 9.5  # one more image and its push (2.7.0: 5.8 + 3.3 GB; the 3.2 GB build context is gone by the push)
 APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy 5.6.1
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
@@ -208,6 +215,9 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
             for f, data in saved.items():  # the copy as A was built from it
                 f.write_bytes(data)
             run([DOCKER, "tag", f"{REPO}:bench-a", ref])
+        result["nodes"] = {store: node_pulls(store, reg, work, [*a.change]) for store in a.node}
+        for kind in a.change:
+            print("\n".join(node_table(kind, result)), flush=True)
     finally:
         log("cleaning up: the bench's images, the registry and its storage, the copy, this run's build records")
         remove_image(*refs)
@@ -218,6 +228,43 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
         log(f"removed; {freed / 1e9:.1f} GB of build records freed; "
             f"{shutil.disk_usage('/').free / 1e9:.1f} GB free")
     return result
+
+
+def node_pulls(store: str, reg: LocalRegistry, work: Path, changes: list[str]) -> dict[str, Any]:
+    """A node: a fresh Docker 28 engine with the given image store (tests/docker/pullengine.py). It pulls A
+    from the registry, then each B in turn (B removed again after it, so each B is pulled onto a node that
+    holds A only). Per pull: the wall time (fetch from loopback + unpack) and the blob bytes the registry
+    served for it (its log), which is what the node fetched."""
+    need_disk(KEEP_FREE_GB + (9.5 if store == "containerd" else 6.0), f"bench_pull (a {store} node)")
+    out: dict[str, Any] = {}
+    with PullEngine(work / f"node-{store}", store=store) as node:
+        out["engine"] = f"Docker {node.version()}, {store}"
+        for tag in ["a", *(f"b-{kind}" for kind in changes)]:
+            mark = reg.log_path.stat().st_size
+            start = time.monotonic()
+            node.docker("pull", "-q", f"{reg.host}/{REPO}:{tag}")
+            took = time.monotonic() - start
+            with reg.log_path.open("rb") as f:
+                f.seek(mark)
+                served = pulllib.fetched_from_log(f.read().decode(errors="replace"))
+            out[tag] = {"pull_s": round(took, 1), "fetched": served["bytes"], "blobs": served["blobs"]}
+            log(f"node {store}: pulled {tag} in {took:.1f} s, {served['bytes'] / 1e6:,.1f} MB "
+                f"in {served['blobs']} blob(s)")
+            if tag != "a":
+                node.docker("image", "rm", f"{reg.host}/{REPO}:{tag}")
+    return out
+
+
+def node_table(kind: str, result: dict[str, Any]) -> list[str]:
+    """One change, as the nodes paid it: fetched bytes (the registry's log) and the pull's time, against A's."""
+    out = [f"#### {kind}: a node that holds A pulls B", "",
+           "| node | A: fetched, pull + unpack | B: fetched | B: pull + unpack |", "|---|---|---|---|"]
+    for node in result["nodes"].values():
+        first, b = node["a"], node[f"b-{kind}"]
+        share = b["fetched"] / first["fetched"] if first["fetched"] else 0.0
+        out.append(f"| {node['engine']} | {first['fetched'] / 1e6:,.1f} MB, {first['pull_s']:.1f} s | "
+                   f"**{b['fetched'] / 1e6:,.1f} MB ({share:.1%})** | {b['pull_s']:.1f} s |")
+    return [*out, ""]
 
 
 def selftest(ref: str) -> str:
@@ -246,12 +293,16 @@ def main() -> None:
     p.add_argument("--change", action="append", choices=("files", "os"),
                    help="the kinds of change, in order (repeatable; default: files, then os)")
     p.add_argument("--apt-package", default="less", help="the package the os change adds (default: less)")
+    p.add_argument("--node", action="append", choices=("overlay2", "containerd"),
+                   help="pull A and each B on a fresh Docker 28 node with this image store (repeatable; "
+                        "default: both)")
     p.add_argument("--selftest", action="store_true", help="run `docker run --rm A selftest` before pushing A")
     p.add_argument("--from-images", nargs=2, metavar=("A", "B"), help="only compare two images the engine holds")
     p.add_argument("--share", nargs="+", metavar="IMAGE", help="only count what several images share on one node")
     p.add_argument("--json", type=Path, default=ROOT / "build-logs" / "bench_pull.json", help="where the figures go")
     a = p.parse_args()
     a.change = a.change or ["files", "os"]
+    a.node = a.node or ["overlay2", "containerd"]
     if not APT_NAME.match(a.apt_package):
         fail(f"--apt-package {a.apt_package!r}: not a Debian package name (lower case, digits, + - .)")
     if a.from_images and a.share:

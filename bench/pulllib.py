@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -130,6 +131,26 @@ def share(images: Mapping[str, Sequence[Layer]]) -> dict[str, Any]:
     return {"images": list(images), "summed": summed, "unique_by_chain": unique_chain,
             "unique_by_diff": unique_diff, "chain_ratio": unique_chain / summed if summed else 0.0,
             "diff_ratio": unique_diff / summed if summed else 0.0}
+
+
+_FIELD = re.compile(r'([\w.]+)=("(?:[^"\\]|\\.)*"|\S+)')
+_BLOB_URI = re.compile(r"^/v2/.+/blobs/sha256:[0-9a-f]{64}$")
+
+
+def fetched_from_log(text: str) -> dict[str, int]:
+    """What a registry served as blobs, from Debian's docker-registry 2.8 log (logrus text lines, `level:
+    info`): the bytes written by every GET of a blob answered 200 or 206 ("response completed" lines), and
+    how many. HEADs, manifests and refusals write no blob bytes and are not counted."""
+    served = count = 0
+    for line in text.splitlines():
+        if 'msg="response completed"' not in line:
+            continue
+        f = {k: v.strip('"') for k, v in _FIELD.findall(line)}
+        if (f.get("http.request.method") == "GET" and _BLOB_URI.match(f.get("http.request.uri", ""))
+                and f.get("http.response.status") in ("200", "206")):
+            served += int(f.get("http.response.written", "0") or 0)
+            count += 1
+    return {"bytes": served, "blobs": count}
 
 
 # --- reading the engine ---------------------------------------------------------------------------------

@@ -38,7 +38,12 @@ FIX = (f"the pull engine runs Debian's Docker 28 from {E28_HOME}/root (usr/sbin/
 
 
 class PullEngine:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, store: str = "overlay2") -> None:
+        """store: the image store, "overlay2" (the classic store, keyed by chain ID) or "containerd" (the
+        containerd snapshotter: compressed blobs in its content store, unpacked snapshots by chain ID)."""
+        if store not in ("overlay2", "containerd"):
+            raise ValueError(f"store {store!r}: overlay2 or containerd")
+        self.store = store
         self.root = E28_HOME / "root"
         self.data = workdir / "pull-engine-data"
         self.run_dir = Path(f"/run/ptmg-pull-{uuid.uuid4().hex[:8]}")  # a short path: a socket's limit is 108
@@ -67,7 +72,7 @@ class PullEngine:
         self.run_dir.mkdir(mode=0o700)
         self.data.mkdir(parents=True)
         config = self.run_dir / "daemon.json"
-        config.write_text(json.dumps({"features": {"containerd-snapshotter": False}}))  # the classic store
+        config.write_text(json.dumps({"features": {"containerd-snapshotter": self.store == "containerd"}}))
         self._bridge_up()
         argv = [str(dockerd), "--config-file", str(config), "--data-root", str(self.data),
                 "--exec-root", str(self.run_dir / "exec"), "--pidfile", str(self.run_dir / "dockerd.pid"),

@@ -70,3 +70,28 @@ def test_layers_are_named_by_the_instruction_that_made_them() -> None:
                (14, "COPY ptmg_contract.py /opt/ # buildkit")]
     assert pulllib.label_layers([75, 276, 9, 5230, 232, 0, 14], history) == [
         "base", "OS (apt)", "user", "torch + CUDA wheels", "tools", "empty", "our files"]
+
+
+def _served(method: str, uri: str, status: int, written: int) -> str:
+    # A "response completed" line as Debian's docker-registry 2.8 logs it (logrus text, keys sorted).
+    return (f'time="2026-12-05T17:30:00Z" level=info msg="response completed" go.version=go1.19.8 '
+            f'http.request.host="127.0.0.1:5000" http.request.id=0d1c http.request.method={method} '
+            f'http.request.remoteaddr="127.0.0.1:40112" http.request.uri="{uri}" '
+            f'http.request.useragent="docker/28.5.2 go/go1.24 (linux)" http.response.contenttype="application/octet-stream" '
+            f'http.response.duration=1.2s http.response.status={status} http.response.written={written}')
+
+
+def test_the_registry_log_counts_only_blob_bytes_a_pull_was_served() -> None:
+    blob = f"/v2/ptmg-bench-pull/blobs/sha256:{'a' * 64}"
+    text = "\n".join([
+        _served("GET", blob, 200, 1_000),
+        _served("GET", f"/v2/ptmg-bench-pull/blobs/sha256:{'b' * 64}", 206, 24),  # a resumed download
+        _served("HEAD", blob, 200, 0),
+        _served("GET", "/v2/ptmg-bench-pull/manifests/b-os", 200, 2_000),  # a manifest is not a blob
+        _served("GET", blob, 404, 150),  # a refusal serves no layer
+        'time="2026-12-05T17:30:00Z" level=info msg="authorized request" http.request.method=GET '
+        f'http.request.uri="{blob}" http.response.status=200 http.response.written=9999',
+        "127.0.0.1 - - [05/Dec/2026:17:30:00 +0000] \"GET " + blob + " HTTP/1.1\" 200 1000 \"\" \"docker\"",
+    ])
+    assert pulllib.fetched_from_log(text) == {"bytes": 1_024, "blobs": 2}
+    assert pulllib.fetched_from_log("") == {"bytes": 0, "blobs": 0}
