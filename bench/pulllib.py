@@ -154,14 +154,16 @@ def fetched_from_log(text: str) -> dict[str, int]:
 
 
 # --- reading the engine ---------------------------------------------------------------------------------
-def _docker(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([DOCKER, *argv], capture_output=True, text=True, check=False)
+def _docker(*argv: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The docker CLI; env (a user's environment, e.g. DOCKER_HOST naming a second engine) or this process's."""
+    return subprocess.run([DOCKER, *argv], capture_output=True, text=True, check=False,
+                          env=None if env is None else dict(env))
 
 
-def layer_store() -> Path:
+def layer_store(env: Mapping[str, str] | None = None) -> Path:
     """The classic store's layer database (layerdb/sha256/<chain id>/size); where it is not readable,
     BenchInputError with why."""
-    r = _docker("info", "--format", "{{.DockerRootDir}} {{.Driver}}")
+    r = _docker("info", "--format", "{{.DockerRootDir}} {{.Driver}}", env=env)
     if r.returncode != 0:
         raise BenchInputError(f"docker info: {r.stderr.strip()[-300:]}")
     root, driver = [*r.stdout.split(), "", ""][:2]
@@ -172,9 +174,9 @@ def layer_store() -> Path:
     return db
 
 
-def read_layers(ref: str, db: Path) -> list[Layer]:
+def read_layers(ref: str, db: Path, env: Mapping[str, str] | None = None) -> list[Layer]:
     """One image's layers in RootFS order; BenchInputError when the engine does not hold `ref`."""
-    r = _docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref)
+    r = _docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", ref, env=env)
     if r.returncode != 0:
         raise BenchInputError(f"{ref}: not an image in the engine ({r.stderr.strip()[-200:]})")
     diffs = [str(d) for d in json.loads(r.stdout)]
@@ -185,7 +187,8 @@ def read_layers(ref: str, db: Path) -> list[Layer]:
         if not f.is_file():
             raise BenchInputError(f"{ref}: layer {chain} has no {f}")
         sizes.append(int(f.read_text().strip() or 0))
-    h = _docker("image", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}", ref)
+    h = _docker("image", "history", "--no-trunc", "--human=false", "--format", "{{.Size}}\t{{.CreatedBy}}", ref,
+                env=env)
     if h.returncode != 0:
         raise BenchInputError(f"{ref}: docker history: {h.stderr.strip()[-200:]}")
     hist = []

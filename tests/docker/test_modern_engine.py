@@ -8,7 +8,9 @@ overlay2 store, then the containerd image store (Docker 29's default for new ins
 also when a test fails. On it, with nothing but DOCKER_HOST (and the engine's CLI on PATH) pointing
 there, in both stores: the seed cell builds through buildx and the wheel server, `make images` then
 skips it, its labels, probe and what its ID names are right. What is the store's own: in the classic
-store `build.py repro` refuses in one line; in the containerd store (Docker 29's default for new
+store `build.py repro` refuses in one line. In both, patch day (an OS-only rebuild with the layer cache)
+keeps the layers below the OS layer under their chain IDs and costs a node at most 10% of the image
+anew (the classic store's unpacked bytes, the containerd store's compressed blobs). In the containerd store (Docker 29's default for new
 installs) the selftest and a 2-rank DDP job pass, publish to a real registry verifies the manifest
 digest the store calls the image and a rerun is 'unchanged', and `diff`, `sbom` and `audit` work. The
 containerd store's two cold builds of `build.py repro` are `tests/docker/test_reproducible.py`'s (`make test-repro`).
@@ -23,7 +25,9 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +45,17 @@ from .cellimage import ROOT
 from .engine28 import CELL, TIMES, Modern, started
 from .registry import LocalRegistry
 
+sys.path.insert(0, str(ROOT / "bench"))
+import pulllib  # bench/pulllib.py: chain IDs, and what a node stores anew
+
 pytestmark = pytest.mark.modern_engine
 
 NAMESPACE = "modern"
+#: Patch day (an OS-only change): what a node that holds the image before must store (classic) or fetch
+#: (containerd) anew.
+PATCH_DAY_SHARE = 0.10
+#: The layers below the weekly OS layer: base, user, torch + CUDA wheels, tools (docs/image-layout.md).
+BELOW_OS = 4
 #: What the containerd store alone runs: the image in containers, publish, and diff, sbom and audit. In the classic
 #: store they would run the same code on the same engine as the containerd store's run or 20.10's
 #: (test_publish.py, test_hpc.py), so there the module proves only what is the store's own.
@@ -92,11 +104,56 @@ def test_cell_builds_then_make_images_skips_it(modern: Modern) -> None:
     TIMES[f"{modern.store} make images (skip)"] = time.monotonic() - t0
     assert m.returncode == 0, (m.stdout + m.stderr)[-4000:]
     assert "skipped" in m.stdout + m.stderr and modern.image().id == image_id
-    # The build cache (the wheel context's copy, the layers' cache) has done its work: dropped here, so
-    # the peak of the steps after (publish's registry) is the image alone, not the image and its cache.
-    prune = subprocess.run(["docker", "builder", "prune", "--all", "--force"], env=modern.env,
-                           capture_output=True, text=True, timeout=600, check=False)
-    assert prune.returncode == 0, prune.stderr[-2000:]
+
+
+def _held_layers(modern: Modern) -> list[pulllib.Layer]:
+    """The cell image's layers, each with what a node pays for it in this store: in the classic store its
+    unpacked size (the layer database: what the node stores under the chain ID); in the containerd store
+    its compressed blob (the manifest in containerd's content store, which the image's ID names: what the
+    node fetches and keeps beside the snapshot)."""
+    ref = f"pt-multi-gpu:{CELL}"
+    if modern.store == "overlay2":
+        return pulllib.read_layers(ref, pulllib.layer_store(modern.env), modern.env)
+    root = Path(modern.client.info()["DockerRootDir"])
+
+    def blob(digest: str) -> Any:
+        (path,) = root.glob(f"containerd/*/io.containerd.content.v1.content/blobs/sha256/{digest.removeprefix('sha256:')}")
+        return json.loads(path.read_bytes())
+
+    manifest = blob(str(modern.image().id))
+    diffs = [str(d) for d in blob(manifest["config"]["digest"])["rootfs"]["diff_ids"]]
+    return [pulllib.Layer(d, c, int(b["size"]), "?", str(b["digest"]), int(b["size"]))
+            for d, c, b in zip(diffs, pulllib.chain_ids(diffs), manifest["layers"], strict=True)]
+
+
+def test_patch_day_renews_the_os_layer_and_keeps_the_venv_below_it(modern: Modern) -> None:
+    """A newer security suite (another OS snapshot key, as test_security_updates.py simulates it; nothing else
+    changed), built with the layer cache as a CI builder has it: the base, the user, torch + the CUDA wheels
+    and the tools keep their chain IDs, and a node that holds the image before pays at most 10% of it anew."""
+    try:
+        held = _held_layers(modern)
+        r = modern.build_py("build", "--only", CELL, "--json", timeout=1800,
+                            **{contract.OS_SNAPSHOT_ARG: f"test-newer-suite-{uuid.uuid4().hex[:8]}"})
+        assert r.returncode == 0, r.stderr[-4000:]
+        assert json.loads(r.stdout)[0]["status"] == "built"
+        cost = pulllib.cost(held, _held_layers(modern))
+        kept = [not lay["new_chain"] for lay in cost["layers"]]
+        assert kept[:BELOW_OS] == [True] * BELOW_OS and not kept[BELOW_OS], cost["layers"]
+        if modern.store == "overlay2":
+            kinds = [lay["kind"] for lay in cost["layers"][:BELOW_OS + 1]]
+            assert kinds == ["base", "user", "torch + CUDA wheels", "tools", "OS (apt)"], kinds
+        new = [(lay["kind"], lay["size"]) for lay in cost["layers"] if lay["new_chain"]]
+        assert cost["new_by_chain_share"] <= PATCH_DAY_SHARE, (
+            f"{modern.store}: patch day costs {cost['new_by_chain'] / 1e6:,.1f} MB of {cost['size'] / 1e6:,.1f} MB "
+            f"({cost['new_by_chain_share']:.1%}): {new}")
+        print(f"\n{modern.store}: patch day costs {cost['new_by_chain'] / 1e6:,.1f} of {cost['size'] / 1e6:,.1f} MB "
+              f"({cost['new_by_chain_share']:.1%}, {'unpacked' if modern.store == 'overlay2' else 'compressed'})")
+    finally:
+        # The build cache (the wheel context's copy, the layers' cache) has done its work: dropped here, so
+        # the peak of the steps after (publish's registry) is the image alone, not the image and its cache.
+        prune = subprocess.run(["docker", "builder", "prune", "--all", "--force"], env=modern.env,
+                               capture_output=True, text=True, timeout=600, check=False)
+        assert prune.returncode == 0, prune.stderr[-2000:]
 
 
 def test_labels_probe_and_what_the_id_names(modern: Modern) -> None:
