@@ -39,8 +39,8 @@ from builder.lock import check, model, staging, uvbin, wheelserver
 from builder.lock.model import CellLock
 from builder.lock.net import NetConfig
 from builder.lock.store import FetchStats, Store, default_store
-from builder.lock.target import LAYERS
 from builder.matrix import ImageSpec
+from builder.render.dockerfile import INSTALL_LAYERS
 
 CLASSIC_REFUSAL = ("the classic builder cannot bind-mount the locked, hash-checked wheels into the installing "
                    "RUNs, and this project installs from nothing else; build with BuildKit: Docker's `docker` "
@@ -190,7 +190,7 @@ def served(spec: ImageSpec, state: LockState, ctx: Path, root: Path, lock_root: 
     store = Store(store_path or default_store(), net)
     uv, sbom = _context_files(spec, state, lock_root, store)
     staging.stage(ctx, root, files, state.lock, None, uv, sbom)
-    layers = {layer: [p.wheel.filename for p in state.lock.layer(layer)] for layer in LAYERS}
+    layers = {layer: [p.wheel.filename for p in state.lock.install_layer(layer)] for layer in INSTALL_LAYERS}
     failed: list[StepFailed] = []
     with wheelserver.serve(store.path, layers, host) as server:
 

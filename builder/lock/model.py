@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.common.errors import InputError
-from builder.lock.target import LAYERS, Target
+from builder.lock.target import LAYERS, Target, install_layer
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -74,6 +74,10 @@ class CellLock:
 
     def layer(self, name: str) -> tuple[Package, ...]:
         return tuple(p for p in self.packages if p.layer == name)
+
+    def install_layer(self, name: str) -> tuple[Package, ...]:
+        """What the Dockerfile's RUN `name` (one of INSTALL_LAYERS) installs (target.install_layer)."""
+        return tuple(p for p in self.packages if install_layer(p.layer, p.name) == name)
 
     def package(self, name: str) -> Package | None:
         return next((p for p in self.packages if p.name == name), None)

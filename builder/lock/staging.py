@@ -30,7 +30,7 @@ from typing import Any
 
 import ptmg_contract as contract
 from builder.lock.model import CellLock, requirements_txt
-from builder.lock.target import LAYERS
+from builder.render.dockerfile import INSTALL_LAYERS
 
 BUILD_DIR = ".build"
 WHEELHOUSE = "wheelhouse"
@@ -114,14 +114,14 @@ def stage(ctx: Path, root: Path, files: Sequence[Path], lock: CellLock, wheel_fi
     sources = {p.relative_to(root).as_posix(): p for p in files}
     wh_files: dict[str, Path] = {}
     if wheel_file is not None:  # None: the layer folders stay empty
-        for layer in LAYERS:
-            for p in lock.layer(layer):
+        for layer in INSTALL_LAYERS:
+            for p in lock.install_layer(layer):
                 wh_files[f"{layer_dir(layer)}/{p.wheel.filename}"] = wheel_file[p.wheel.filename]
-    made = frozenset({UV, SBOM_INPUT, PIP_CONSTRAINT, *(layer_requirements(layer) for layer in LAYERS)})
+    made = frozenset({UV, SBOM_INPUT, PIP_CONSTRAINT, *(layer_requirements(layer) for layer in INSTALL_LAYERS)})
     sync_tree(ctx, {**sources, **wh_files}, made)  # everything else goes
-    for layer in LAYERS:
+    for layer in INSTALL_LAYERS:
         (ctx / layer_dir(layer)).mkdir(parents=True, exist_ok=True)
-        write_if_changed(ctx / layer_requirements(layer), requirements_txt(lock.layer(layer)).encode())
+        write_if_changed(ctx / layer_requirements(layer), requirements_txt(lock.install_layer(layer)).encode())
     write_if_changed(ctx / UV, uv_binary, 0o755)
     write_if_changed(ctx / SBOM_INPUT, (json.dumps(sbom_input, indent=1, sort_keys=True) + "\n").encode())
     write_if_changed(ctx / PIP_CONSTRAINT, pip_constraint(lock).encode())

@@ -16,10 +16,24 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from builder.matrix import ImageSpec
-from builder.render.dockerfile import core_requirements, devel_requirements
+from builder.render.dockerfile import INSTALL_LAYERS, core_requirements, devel_requirements
 
-#: The layers that install into the venv, in build order (each its own RUN and wheel folder).
+#: The lock's layers: what each package is installed for (pylock.toml's tool.pt-multi-gpu.layer).
 LAYERS: tuple[str, ...] = ("torch", "tools", "devel")
+#: NVIDIA's CUDA wheels (py3-none: one set per CUDA release, whatever torch or Python needs them).
+CUDA_WHEEL_PREFIX = "nvidia-"
+
+
+def install_layer(layer: str, name: str) -> str:
+    """The RUN (builder.render.dockerfile.INSTALL_LAYERS) that installs a package of the lock's `layer`:
+    the torch layer's CUDA wheels get a RUN of their own, "cuda", below torch's, so a new torch over
+    the same CUDA wheels leaves their 3 GB layer alone (docs/image-layout.md, "Layers")."""
+    if layer == "torch" and canonicalize_name(name).startswith(CUDA_WHEEL_PREFIX):
+        return "cuda"
+    return layer
+
+
+assert set(INSTALL_LAYERS) == {"cuda", *LAYERS}
 
 #: glibc of each base OS, as the manylinux minor uv knows (trixie has 2.41; uv 0.13 tags stop at 2_40,
 #: and no wheel of these sets needs more).

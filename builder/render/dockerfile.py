@@ -116,7 +116,9 @@ def core_requirements(spec: ImageSpec) -> tuple[str, ...]:
 #: every cell: the static uv, one folder of locked wheels and one install lock per installing layer,
 #: the SBOM's input. The venv RUNs install from these only.
 WHEELHOUSE = "wheelhouse"
-INSTALL_LAYERS = ("torch", "tools", "devel")
+#: The RUNs that install into the venv, in build order: the lock's torch layer in two, its CUDA wheels
+#: first (builder.lock.target.install_layer), then torch and the rest of it; then tools and devel.
+INSTALL_LAYERS = ("cuda", "torch", "tools", "devel")
 #: The build secret with the wheel server's URL (builder.lock.wheelserver); absent, the RUNs
 #: install from the wheels staged in the build context.
 WHEEL_SERVER_ID = "wheel-server"

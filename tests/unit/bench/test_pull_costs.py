@@ -64,12 +64,13 @@ def test_share_counts_a_layer_once_per_chain_and_once_per_diff() -> None:
 
 
 def test_layers_are_named_by_the_instruction_that_made_them() -> None:
-    history = [(75, ""), (0, "ARG PTMG_OS_SNAPSHOT"), (276, "RUN apt-get update && apt-get install -y tini"),
-               (9, "RUN useradd pt"), (5230, 'RUN python3 -m venv /opt/venv && python -c "import torch"'),
-               (232, "RUN uv pip install && pip check"), (0, "WORKDIR /workspace"),
+    history = [(75, ""), (9, "RUN useradd pt"), (3060, "RUN python3 -m venv /opt/venv && uv pip install"),
+               (2170, 'RUN uv pip install && python -c "import torch, torchvision"'),
+               (232, "RUN uv pip install && pip check"), (0, "ARG PTMG_OS_SNAPSHOT"),
+               (276, "RUN apt-get update && apt-get install -y tini"), (0, "WORKDIR /workspace"),
                (14, "COPY ptmg_contract.py /opt/ # buildkit")]
-    assert pulllib.label_layers([75, 276, 9, 5230, 232, 0, 14], history) == [
-        "base", "OS (apt)", "user", "torch + CUDA wheels", "tools", "empty", "our files"]
+    assert pulllib.label_layers([75, 9, 3060, 2170, 232, 276, 0, 14], history) == [
+        "base", "user", "CUDA wheels", "torch", "tools", "OS (apt)", "empty", "our files"]
 
 
 def _served(method: str, uri: str, status: int, written: int) -> str:

@@ -91,13 +91,34 @@ def test_a_context_for_the_wheel_server_has_empty_layer_folders_and_every_made_f
     ctx = root / ".build" / "context-0"
     staging.stage(ctx, root, [], _lock(), None, b"UV", {"z": 1, "a": {"y": 2, "b": 3}})
     assert sorted(p.relative_to(ctx).as_posix() for p in ctx.rglob("*")) == [
-        "wheelhouse", "wheelhouse/devel", "wheelhouse/devel.txt", "wheelhouse/pip-constraint.txt",
+        "wheelhouse", "wheelhouse/cuda", "wheelhouse/cuda.txt",
+        "wheelhouse/devel", "wheelhouse/devel.txt", "wheelhouse/pip-constraint.txt",
         "wheelhouse/sbom-input.json", "wheelhouse/tools", "wheelhouse/tools.txt", "wheelhouse/torch",
         "wheelhouse/torch.txt", "wheelhouse/uv"]
     assert (ctx / "wheelhouse/uv").stat().st_mode & 0o777 == 0o755
     assert (ctx / "wheelhouse/uv").read_bytes() == b"UV"
     assert (ctx / "wheelhouse/pip-constraint.txt").stat().st_mode & 0o777 == 0o644
     assert (ctx / "wheelhouse/sbom-input.json").read_text() == '{\n "a": {\n  "b": 3,\n  "y": 2\n },\n "z": 1\n}\n'
+
+
+def test_the_lock_s_torch_layer_installs_in_two_runs_its_cuda_wheels_first(tmp_path: Path) -> None:
+    """The CUDA wheels (nvidia-*) of the lock's torch layer get their own RUN and wheel folder ("cuda"), so a
+    new torch over the same CUDA wheels keeps their layer; torch keeps the rest of its layer."""
+    root = tmp_path / "project"
+    root.mkdir()
+    lock = _lock()
+    store = {p.wheel.filename: tmp_path / p.wheel.filename for p in lock.packages}
+    for f in store.values():
+        f.write_bytes(b"w")
+    ctx = root / ".build" / "context-0"
+    staging.stage(ctx, root, [], lock, store, b"UV", {})
+    layers = {d.name: sorted(f.name for f in d.iterdir()) for d in (ctx / "wheelhouse").iterdir() if d.is_dir()}
+    assert layers == {"cuda": ["nvidia_nccl_cu12-2.26.2-x.whl"], "torch": ["torch-2.7.0-x.whl"],
+                      "tools": ["jupyterlab-4.6.6-x.whl"], "devel": []}
+    assert (ctx / "wheelhouse/cuda.txt").read_text().startswith("nvidia-nccl-cu12==2.26.2 \\")
+    assert (ctx / "wheelhouse/torch.txt").read_text().startswith("torch==2.7.0 \\")
+    assert [p.name for p in lock.install_layer("cuda")] == ["nvidia-nccl-cu12"]
+    assert [p.name for p in lock.layer("torch")] == ["torch", "nvidia-nccl-cu12"]  # the lock's own layers stay
 
 
 def test_the_constraint_pins_the_cuda_stack_exactly_and_keeps_only_the_limits() -> None:

@@ -430,7 +430,8 @@ def test_stage_links_exactly_the_context_and_the_cells_wheels(tmp_path: Path) ->
     files = [root / "entrypoint" / "start.sh", root / "ptmg_contract.py"]
     staging.stage(ctx, root, files, lock, wheels, b"UVBIN", {"cell": "c"})
     got = sorted(p.relative_to(ctx).as_posix() for p in ctx.rglob("*") if p.is_file())
-    assert got == ["entrypoint/start.sh", "ptmg_contract.py", "wheelhouse/devel.txt", "wheelhouse/pip-constraint.txt",
+    assert got == ["entrypoint/start.sh", "ptmg_contract.py", "wheelhouse/cuda.txt", "wheelhouse/devel.txt",
+                   "wheelhouse/pip-constraint.txt",
                    "wheelhouse/sbom-input.json",
                    "wheelhouse/tools.txt", "wheelhouse/tools/jupyterlab-1.0-py3-none-any.whl",
                    "wheelhouse/torch.txt", "wheelhouse/torch/torch-1.0-py3-none-any.whl", "wheelhouse/uv"]

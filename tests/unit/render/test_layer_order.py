@@ -1,6 +1,6 @@
 """The layer order of every rendered Dockerfile (docs/image-layout.md, "Layers"): the venv sits right
 on the base and the user, below the weekly OS layer, so that an OS-only rebuild keeps the venv's
-layers and their chain IDs. Pure rendering, no Docker: the committed docker/*/Dockerfile and the
+layers and their chain IDs; in it, the CUDA wheels come first, so that a new torch keeps theirs. Pure rendering, no Docker: the committed docker/*/Dockerfile and the
 cells of a small matrix with every flavour and base."""
 
 from __future__ import annotations
@@ -61,12 +61,15 @@ def _at(stage: list[str], marker: str, where: str) -> int:
 def test_the_venv_sits_on_the_base_and_the_user_below_the_os_layer(texts: dict[str, str]) -> None:
     for where, text in texts.items():
         final = _stages(text)[-1]
-        user, torch, tools, os_layer = (_at(final, m, where) for m in (
-            "useradd", "source=wheelhouse/torch,", "source=wheelhouse/tools,", "apt-get upgrade"))
+        user, cuda, torch, tools, os_layer = (_at(final, m, where) for m in (
+            "useradd", "source=wheelhouse/cuda,", "source=wheelhouse/torch,", "source=wheelhouse/tools,",
+            "apt-get upgrade"))
         sbom, ours = _at(final, "sbom.py", where), _at(final, "COPY entrypoint/ ", where)
-        assert user < torch < tools < os_layer < sbom < ours, (where, user, torch, tools, os_layer, sbom, ours)
+        assert user < cuda < torch < tools < os_layer < sbom < ours, (where, user, cuda, torch, tools, os_layer, sbom,
+                                                                       ours)
+        assert [ins for ins in final[cuda + 1:torch] if ins.startswith(("RUN", "COPY", "ADD"))] == [], where
         # Nothing but the user's RUN between the base and the venv: no apt, no other layer below it.
-        below = [ins for ins in final[1:torch] if ins.startswith(("RUN", "COPY", "ADD"))]
+        below = [ins for ins in final[1:cuda] if ins.startswith(("RUN", "COPY", "ADD"))]
         assert below == [final[user]], (where, below)
         devel = [i for i, ins in enumerate(final) if "source=wheelhouse/devel," in ins]
         assert all(tools < i < os_layer for i in devel), (where, devel)
@@ -88,7 +91,7 @@ def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin
     for where, text in texts.items():
         final = _stages(text)[-1]
         runs = [ins for ins in final if "/ptmg-build/uv pip install" in ins]
-        assert len(runs) in (2, 3), where
+        assert len(runs) in (3, 4), where  # cuda, torch, tools (+ devel)
         for ins in runs:
             assert f"--mount=type=bind,from={PY['stage']},target={PY['root']} " in ins, where
             assert f"export LD_LIBRARY_PATH={PY['libs']} PATH=$PATH:{PY['root']}/usr/bin &&" in ins, where
