@@ -13,6 +13,8 @@ rendered there), a local registry (Debian's docker-registry 2.8 on 127.0.0.1, te
 with its storage in that folder. Image A is built from the copy as it is and pushed; then, per change:
   files  one byte appended to entrypoint/start.sh in the copy (our own files);
   os     one Debian package (--apt-package) added to the cell's apt (the copy's images.yaml; the lock unchanged)
+  torch  the lock's torch set changed (another release of filelock, a dependency of torch, from PyPI), the
+         CUDA wheels unchanged: the torch layer installs again, as for a new torch
 B is built with `build.py build` (the engine's layer cache is used, as on a CI builder) and pushed to
 the same repository, and the two costs of B for a node holding A are counted (bench/pulllib.py):
 by blob digest (B's compressed blobs whose digest A's manifest lacks: what enroot fetches) and by chain
@@ -48,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -70,7 +72,7 @@ APT_NAME = re.compile(r"^[a-z0-9][a-z0-9+.-]+$")  # Debian policy 5.6.1
 ACCEPT = "application/vnd.docker.distribution.manifest.v2+json"
 
 
-def fail(msg: str) -> None:
+def fail(msg: str) -> NoReturn:
     print(f"bench_pull.py: {msg}", file=sys.stderr)
     sys.exit(2)
 
@@ -153,7 +155,41 @@ def remove_image(*refs: str) -> None:
 
 
 # --- one change ----------------------------------------------------------------------------------------------
+#: The torch change: another release of this small package of the lock's torch set (a dependency of torch).
+TORCH_SET_PACKAGE = "filelock"
+
+
+def torch_set_change(lock: Path, package: str = TORCH_SET_PACKAGE) -> str:
+    """A torch-only change in the lock: `package` (of the lock's torch layer) moved to another release that
+    has a py3-none-any wheel (PyPI's JSON API: its URL, size and sha256), nothing else. Its RUN, the torch
+    layer, installs again with all of torch, as for a new torch; the CUDA wheels' layer below stays."""
+    import requests
+
+    text = lock.read_text()
+    block = re.search(rf'\[\[packages\]\]\nname = "{package}"\nversion = "([^"]+)"\nwheels = \[(.*)\]\n'
+                      r'tool\.pt-multi-gpu\.layer = "torch"\n', text)
+    if block is None:
+        fail(f"{lock}: no package {package!r} in the lock's torch layer")
+    old = block.group(1)
+    info = requests.get(f"https://pypi.org/pypi/{package}/json", timeout=60)
+    info.raise_for_status()
+    wheels = [(v, f) for v, files in info.json()["releases"].items() for f in files
+              if v != old and f["filename"].endswith("-py3-none-any.whl") and not f.get("yanked")]
+    newest = max(wheels, key=lambda vf: str(vf[1]["upload_time_iso_8601"]))
+    version, f = newest
+    url = str(f["url"])
+    if not url.startswith("https://"):  # a mirror's relative link (../../packages/packages/<h>/<h>/<hash>/<file>)
+        url = "https://files.pythonhosted.org/packages/" + url.split("packages/", 2)[-1]
+    wheel = (f'{{ name = "{f["filename"]}", url = "{url}", size = {f["size"]}, '
+             f'hashes = {{ sha256 = "{f["digests"]["sha256"]}" }} }}')
+    lock.write_text(text.replace(block.group(0), f'[[packages]]\nname = "{package}"\nversion = "{version}"\n'
+                                                 f'wheels = [{wheel}]\ntool.pt-multi-gpu.layer = "torch"\n'))
+    return f"the lock's torch set: {package} {old} -> {version} (the CUDA wheels and everything else unchanged)"
+
+
 def apply_change(tree: Path, kind: str, cell: str, apt: str) -> str:
+    if kind == "torch":
+        return torch_set_change(tree / "locks" / cell / "pylock.toml")
     if kind == "files":
         start = tree / "entrypoint" / "start.sh"
         start.write_bytes(start.read_bytes() + b"\n")
@@ -200,7 +236,8 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
         refs.append(f"{REPO}:bench-a")
         for kind in a.change:
             need_disk(KEEP_FREE_GB + (1.0 if kind == "files" else PEAK_GB), f"bench_pull (B for {kind})")
-            saved = {f: f.read_bytes() for f in (tree / "images.yaml", tree / "entrypoint" / "start.sh")}
+            saved = {f: f.read_bytes() for f in (tree / "images.yaml", tree / "entrypoint" / "start.sh",
+                                                 tree / "locks" / a.cell / "pylock.toml")}
             what = apply_change(tree, kind, a.cell, a.apt_package)
             log(f"B ({kind}): {what}; building")
             refs.append(f"{reg.host}/{REPO}:b-{kind}")
@@ -290,8 +327,8 @@ def engine_line() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     p.add_argument("--cell", default=DEFAULT_CELL)
-    p.add_argument("--change", action="append", choices=("files", "os"),
-                   help="the kinds of change, in order (repeatable; default: files, then os)")
+    p.add_argument("--change", action="append", choices=("files", "os", "torch"),
+                   help="the kinds of change, in order (repeatable; default: files, os, torch)")
     p.add_argument("--apt-package", default="less", help="the package the os change adds (default: less)")
     p.add_argument("--node", action="append", choices=("overlay2", "containerd"),
                    help="pull A and each B on a fresh Docker 28 node with this image store (repeatable; "
@@ -301,7 +338,7 @@ def main() -> None:
     p.add_argument("--share", nargs="+", metavar="IMAGE", help="only count what several images share on one node")
     p.add_argument("--json", type=Path, default=ROOT / "build-logs" / "bench_pull.json", help="where the figures go")
     a = p.parse_args()
-    a.change = a.change or ["files", "os"]
+    a.change = a.change or ["files", "os", "torch"]
     a.node = a.node or ["overlay2", "containerd"]
     if not APT_NAME.match(a.apt_package):
         fail(f"--apt-package {a.apt_package!r}: not a Debian package name (lower case, digits, + - .)")
