@@ -75,6 +75,15 @@ def test_the_venv_sits_on_the_base_and_the_user_below_the_os_layer(texts: dict[s
         assert all(tools < i < os_layer for i in devel), (where, devel)
 
 
+def test_the_cuda_wheels_run_is_the_same_text_in_every_cell(texts: dict[str, str]) -> None:
+    """Its cache key is its text and its mounted files (the cell's CUDA wheels): nothing of torch (its arch list
+    picks slim-venv.sh's Triton options) may key it, or a new torch over the same CUDA wheels would rebuild 3 GB."""
+    runs = {where: _stages(text)[-1][_at(_stages(text)[-1], "source=wheelhouse/cuda,", where)]
+            for where, text in texts.items()}
+    assert len(set(runs.values())) == 1, {w: r[-160:] for w, r in runs.items()}
+    assert "--strip-triton" not in next(iter(runs.values()))
+
+
 def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str, str]) -> None:
     """A build arg keys every RUN after its ARG line: the venv's RUNs must come before it."""
     for where, text in texts.items():
