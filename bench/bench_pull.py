@@ -159,10 +159,12 @@ def remove_image(*refs: str) -> None:
 TORCH_SET_PACKAGE = "filelock"
 
 
-def torch_set_change(lock: Path, package: str = TORCH_SET_PACKAGE) -> str:
-    """A torch-only change in the lock: `package` (of the lock's torch layer) moved to another release that
-    has a py3-none-any wheel (PyPI's JSON API: its URL, size and sha256), nothing else. Its RUN, the torch
-    layer, installs again with all of torch, as for a new torch; the CUDA wheels' layer below stays."""
+def torch_set_change(lock: Path, package: str = TORCH_SET_PACKAGE) -> tuple[str, str]:
+    """A torch-only change of the lock: (its new text, what changed). `package` (of the lock's torch layer,
+    pure Python) moves to its newest other release with a py3-none-any wheel (PyPI's JSON API: its URL,
+    size and sha256), nothing else. Its RUN, the torch layer, installs again with all of torch, as for a
+    new torch; the CUDA wheels' layer below stays. Asked before anything is built, so that a host without
+    PyPI fails at once."""
     import requests
 
     text = lock.read_text()
@@ -171,8 +173,12 @@ def torch_set_change(lock: Path, package: str = TORCH_SET_PACKAGE) -> str:
     if block is None:
         fail(f"{lock}: no package {package!r} in the lock's torch layer")
     old = block.group(1)
-    info = requests.get(f"https://pypi.org/pypi/{package}/json", timeout=60)
-    info.raise_for_status()
+    try:
+        info = requests.get(f"https://pypi.org/pypi/{package}/json", timeout=60)
+        info.raise_for_status()
+    except requests.RequestException as e:
+        fail(f"--change torch: PyPI's JSON API for {package} did not answer ({e}); run the other changes "
+             "(--change files --change os) without PyPI")
     wheels = [(v, f) for v, files in info.json()["releases"].items() for f in files
               if v != old and f["filename"].endswith("-py3-none-any.whl") and not f.get("yanked")]
     newest = max(wheels, key=lambda vf: str(vf[1]["upload_time_iso_8601"]))
@@ -182,14 +188,16 @@ def torch_set_change(lock: Path, package: str = TORCH_SET_PACKAGE) -> str:
         url = "https://files.pythonhosted.org/packages/" + url.split("packages/", 2)[-1]
     wheel = (f'{{ name = "{f["filename"]}", url = "{url}", size = {f["size"]}, '
              f'hashes = {{ sha256 = "{f["digests"]["sha256"]}" }} }}')
-    lock.write_text(text.replace(block.group(0), f'[[packages]]\nname = "{package}"\nversion = "{version}"\n'
-                                                 f'wheels = [{wheel}]\ntool.pt-multi-gpu.layer = "torch"\n'))
-    return f"the lock's torch set: {package} {old} -> {version} (the CUDA wheels and everything else unchanged)"
+    new = text.replace(block.group(0), f'[[packages]]\nname = "{package}"\nversion = "{version}"\n'
+                                       f'wheels = [{wheel}]\ntool.pt-multi-gpu.layer = "torch"\n')
+    return new, f"the lock's torch set: {package} {old} -> {version} (the CUDA wheels and everything else unchanged)"
 
 
-def apply_change(tree: Path, kind: str, cell: str, apt: str) -> str:
+def apply_change(tree: Path, kind: str, cell: str, apt: str, torch_lock: tuple[str, str] | None) -> str:
     if kind == "torch":
-        return torch_set_change(tree / "locks" / cell / "pylock.toml")
+        assert torch_lock is not None
+        (tree / "locks" / cell / "pylock.toml").write_text(torch_lock[0])
+        return torch_lock[1]
     if kind == "files":
         start = tree / "entrypoint" / "start.sh"
         start.write_bytes(start.read_bytes() + b"\n")
@@ -222,6 +230,7 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
     try:
         tree = copy_tree(work)
         ref = set_config(tree, a.cell, None)
+        torch_lock = torch_set_change(tree / "locks" / a.cell / "pylock.toml") if "torch" in a.change else None
         reg = LocalRegistry(work / "registry").start()
         log(f"A: building {ref} from a copy of the tree in {tree}")
         refs += [ref, f"{reg.host}/{REPO}:a"]
@@ -238,7 +247,7 @@ def full_run(a: argparse.Namespace) -> dict[str, Any]:
             need_disk(KEEP_FREE_GB + (1.0 if kind == "files" else PEAK_GB), f"bench_pull (B for {kind})")
             saved = {f: f.read_bytes() for f in (tree / "images.yaml", tree / "entrypoint" / "start.sh",
                                                  tree / "locks" / a.cell / "pylock.toml")}
-            what = apply_change(tree, kind, a.cell, a.apt_package)
+            what = apply_change(tree, kind, a.cell, a.apt_package, torch_lock)
             log(f"B ({kind}): {what}; building")
             refs.append(f"{reg.host}/{REPO}:b-{kind}")
             took_b = build(tree, a.cell, work / "logs")
@@ -272,7 +281,8 @@ def node_pulls(store: str, reg: LocalRegistry, work: Path, changes: list[str]) -
     from the registry, then each B in turn (B removed again after it, so each B is pulled onto a node that
     holds A only). Per pull: the wall time (fetch from loopback + unpack) and the blob bytes the registry
     served for it (its log), which is what the node fetched."""
-    need_disk(KEEP_FREE_GB + (9.5 if store == "containerd" else 6.0), f"bench_pull (a {store} node)")
+    # A, and one B's new layers at a time (the torch change's: about 2.5 GB unpacked, 1.3 GB compressed)
+    need_disk(KEEP_FREE_GB + (13.5 if store == "containerd" else 8.5), f"bench_pull (a {store} node)")
     out: dict[str, Any] = {}
     with PullEngine(work / f"node-{store}", store=store) as node:
         out["engine"] = f"Docker {node.version()}, {store}"

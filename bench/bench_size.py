@@ -168,8 +168,9 @@ def main() -> int:
         size = int(sh([DOCKER, "image", "inspect", "--format", "{{.Size}}", c.ref]))
         if c.flavour == "devel":
             extra = sum(b for k, b in layers(c.ref) if k.startswith("devel"))
-            print(f"\n### {c.name}\n\nThe runtime cell's layers, plus {extra / MIB:,.1f} MiB of devel layers "
-                  f"(slim-venv.sh there: {saved.get('devel: CUDA toolkit wheels, ninja', 0)} MiB).")
+            print(f"\n### {c.name}\n\nThe runtime cell's layers up to its tools, then {extra / MIB:,.1f} MiB of "
+                  f"devel layers (slim-venv.sh there: {saved.get('devel: CUDA toolkit wheels, ninja', 0)} MiB) and "
+                  "the devel cell's own OS layer and what is above it (docs/image-layout.md, \"Layers\").")
             continue
         cost = toolchain_cost(c)
         print(f"\n### {c.name}\n\n| | MiB |\n|---|---|")

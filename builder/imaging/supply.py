@@ -14,8 +14,8 @@ For one cell, in order (orchestrate.py calls these):
      any RUN starts.
    - :func:`served` (``server``, buildx builders): stage the context without the wheels, start a
      wheel server on the engine's bridge address (builder.lock.wheelserver) and fetch the wheels
-     into the store while the build runs: the fetch overlaps the OS layer, and the 3 GB never
-     enter the context.
+     into the store while the build runs: the fetch overlaps the build's Python stage and the user's
+     RUN (the venv's RUNs come next), and the 3 GB never enter the context.
 
 The classic builder cannot bind-mount the staged wheels into a RUN; such builds are refused
 (:data:`CLASSIC_REFUSAL`) rather than installing from anywhere else.

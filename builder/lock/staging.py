@@ -4,8 +4,9 @@
 
 - hard links to the files the Dockerfile copies or bind-mounts (``builder.imaging.inputs.
   context_files``: exactly what the inputs hash covers, so the context IS the hashed input);
-- ``wheelhouse/<layer>/``: hard links into the wheel store, one folder per installing layer
-  (torch, tools, devel), so each RUN's cache key is exactly its own wheels; empty when the wheels
+- ``wheelhouse/<layer>/``: hard links into the wheel store, one folder per installing RUN
+  (cuda, torch, tools, devel: ``INSTALL_LAYERS``; the lock's torch layer is two of them,
+  ``builder.lock.target.install_layer``), so each RUN's cache key is exactly its own wheels; empty when the wheels
   reach the RUNs from the wheel server instead (builder.lock.wheelserver);
 - ``wheelhouse/<layer>.txt``: that layer's install lock (``name==version --hash=sha256:...``);
 - ``wheelhouse/uv``: the static uv for the build host, from its hash-verified wheel;

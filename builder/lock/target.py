@@ -20,7 +20,8 @@ from builder.render.dockerfile import INSTALL_LAYERS, core_requirements, devel_r
 
 #: The lock's layers: what each package is installed for (pylock.toml's tool.pt-multi-gpu.layer).
 LAYERS: tuple[str, ...] = ("torch", "tools", "devel")
-#: NVIDIA's CUDA wheels (py3-none: one set per CUDA release, whatever torch or Python needs them).
+#: NVIDIA's CUDA wheels (py3-none: the same files whatever Python installs them; torch pins their exact
+#: builds, so a torch patch release usually keeps the set and a new minor usually moves cuDNN or NCCL).
 CUDA_WHEEL_PREFIX = "nvidia-"
 
 

@@ -14,8 +14,8 @@ the host's wheel store, and only while they install.
 - It serves exactly the lock's wheels: ``/<layer>/`` is a link page of that layer's file names
   (uv's ``--find-links``), ``/<layer>/<file>`` the stored file. Anything else is a 404; no path
   is ever joined from the request.
-- A wheel still on its way into the store is waited for (the fetch runs while the build's OS layer
-  does), up to ``wait_s``; a wheel whose fetch failed answers 503 with the reason, so the RUN fails
+- A wheel still on its way into the store is waited for (the fetch runs while the build's first
+  RUNs do), up to ``wait_s``; a wheel whose fetch failed answers 503 with the reason, so the RUN fails
   at once and the build reports the fetch's own error.
 - Nothing here needs trust: uv checks every file against the lock's sha256 (``--require-hashes``)
   as it does for a bind-mounted one. The files are public wheels.
