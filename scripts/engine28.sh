@@ -17,6 +17,9 @@
 # own), and a bridge of its own (ptmg-e28, 10.213.28.0/24) with --iptables=false, so it never edits
 # the system engine's chains; three rules of its own (comment ptmg-e28) let its containers out.
 # One store at a time: `start` with the other store stops the running one and deletes its data.
+# Its builder's garbage collection is off, so that BuildKit's default policies (by cache size and
+# free space) never prune a layer cache a test relies on (the patch-day rebuild reuses the cell's)
+# behind its back; the tests prune what they make themselves, and `stop` deletes the data-root.
 set -euo pipefail
 
 HOME_DIR=${PTMG_E28_HOME:-/var/cache/pt-multi-gpu/engine28}   # the unpacked packages (kept)
@@ -126,7 +129,8 @@ start() {
   "iptables": false,
   "ip6tables": false,
   "ip-masq": false,
-  "userland-proxy": true
+  "userland-proxy": true,
+  "builder": {"gc": {"enabled": false}}
 }
 JSON
     echo "$store" >"$RUN/store"
