@@ -199,14 +199,22 @@ class _Builder:
         before = self.engine.build_records()
         with self._staged(spec, lock, files) as staged:
             outcome = self._run_build(spec, rendered.path, log_path, True, staged, dest, epoch)
-        self._drop_contexts(spec)
+            wheels_in_context = staged.server is None
+        self._drop_contexts(spec, wheels_in_context)
         # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
         freed = self.engine.drop_build_records(self.engine.build_records() - before)
         log.info("%s: dropped this build's %.1f GB of layer records from the build cache", spec.name, freed / 1e9)
         return outcome, snap, epoch
 
-    def _drop_contexts(self, spec: ImageSpec) -> None:
-        try:  # ~3 GB per cell on disk otherwise, kept for nothing; the build stands either way
+    def _drop_contexts(self, spec: ImageSpec, wheels_in_context: bool) -> None:
+        """Drop the build contexts a build leaves in BuildKit's cache, where the wheels went through the
+        context (~3 GB per cell otherwise, kept for nothing). Where the wheel server served them, the
+        context is only our files, and it stays: Docker 28's containerd image store drops the whole
+        layer cache with it (a context pruned, even by its own ID, and the next build reran every RUN,
+        so patch day rebuilt the venv), while its classic store keeps it."""
+        if not wheels_in_context:
+            return
+        try:  # the build stands either way
             freed = self.engine.drop_build_contexts()
         except EngineError as exc:
             log.warning("%s: the build contexts stay in the build cache: %s", spec.name, exc)
@@ -279,7 +287,8 @@ class _Builder:
                             spec.name, spec.base_ref)
                 outcome = self._run_build(spec, dockerfile, log_path, True, staged)
             unreached = staged.unreached
-        self._drop_contexts(spec)
+            wheels_in_context = staged.server is None
+        self._drop_contexts(spec, wheels_in_context)
         if not outcome.ok or outcome.image_id is None:
             message = failure_text(outcome.failed_step, outcome.tail, log_path)
             if unreached and any(wheelserver.SECRET_ID in line or "find-links" in line

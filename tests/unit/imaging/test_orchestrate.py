@@ -6,8 +6,10 @@ offline, the recorded snapshot keeps it a no-op; a base without the security sui
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 import ptmg_contract as contract
 from builder.engine import BuildOutcome, BuildRequest, EngineError
 from builder.engine.model import RunResult
-from builder.imaging import orchestrate, os_snapshot
+from builder.imaging import orchestrate, os_snapshot, supply
 from builder.matrix import ImageSpec
 from tests.support import MID, ROOT, cell, small_matrix
 from tests.unit.imaging.test_os_snapshot import Mirror, release
@@ -163,6 +165,24 @@ def test_a_build_drops_the_build_contexts_it_leaves_and_a_skip_touches_nothing(s
     assert build(engine, spec, tmp_path, mirror).status == "built" and engine.contexts_dropped == 1
     engine.contexts_dropped = 0
     assert build(engine, spec, tmp_path, mirror).status == "skipped" and engine.contexts_dropped == 0
+
+
+def test_a_build_whose_wheels_were_served_keeps_its_context(spec: ImageSpec, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the wheel server (buildx), the context is only our files; Docker 28's containerd store drops the
+    whole layer cache with a pruned context, so it stays (the next build must reuse the venv's layers)."""
+    served: list[str] = []
+
+    @contextlib.contextmanager
+    def serve(spec: ImageSpec, *a: object, **k: object) -> Iterator[object]:
+        served.append(spec.name)
+        yield types.SimpleNamespace(secret=tmp_path / "wheel-server", requests=1)
+
+    monkeypatch.setattr(orchestrate._Builder, "_server_host", lambda self: "10.213.28.1")
+    monkeypatch.setattr(supply, "served", serve)
+    engine = FakeEngine(spec)
+    assert build(engine, spec, tmp_path, Mirror()).status == "built"
+    assert served == [spec.name] and len(engine.builds) == 1 and engine.contexts_dropped == 0
 
 
 def test_a_build_stands_when_its_contexts_cannot_be_dropped(spec: ImageSpec, tmp_path: Path,
