@@ -90,6 +90,11 @@ class _Staged:
         return {wheelserver.SECRET_ID: self.server.secret} if self.server is not None else {}
 
     @property
+    def wheels_in_context(self) -> bool:
+        """Whether the wheels went through the build context (no wheel server served them)."""
+        return self.server is None
+
+    @property
     def unreached(self) -> bool:
         """Whether the build's RUNs never asked the wheel server anything (read while it runs)."""
         return self.server is not None and not self.server.requests
@@ -199,7 +204,7 @@ class _Builder:
         before = self.engine.build_records()
         with self._staged(spec, lock, files) as staged:
             outcome = self._run_build(spec, rendered.path, log_path, True, staged, dest, epoch)
-            wheels_in_context = staged.server is None
+            wheels_in_context = staged.wheels_in_context
         self._drop_contexts(spec, wheels_in_context)
         # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
         freed = self.engine.drop_build_records(self.engine.build_records() - before)
@@ -287,7 +292,7 @@ class _Builder:
                             spec.name, spec.base_ref)
                 outcome = self._run_build(spec, dockerfile, log_path, True, staged)
             unreached = staged.unreached
-            wheels_in_context = staged.server is None
+            wheels_in_context = staged.wheels_in_context
         self._drop_contexts(spec, wheels_in_context)
         if not outcome.ok or outcome.image_id is None:
             message = failure_text(outcome.failed_step, outcome.tail, log_path)
