@@ -55,7 +55,7 @@ def test_labels_match_what_runs_inside(built_cell: BuiltCell, docker_client: doc
 def test_user_workdir_and_files(built_cell: BuiltCell, docker_client: docker.DockerClient) -> None:
     image = docker_client.images.get(built_cell.ref)
     cfg = image.attrs["Config"]
-    assert cfg["Entrypoint"][:3] == ["/usr/bin/tini", "-g", "--"]
+    assert cfg["Entrypoint"][:4] == ["/usr/bin/tini", "-s", "-g", "--"]
     assert cfg["WorkingDir"] == "/workspace"
     assert cfg["User"] == "1000", "the image runs as pt; numeric, so Kubernetes' runAsNonRoot can check it"
     assert cfg["Healthcheck"]["Test"][0] == "CMD"

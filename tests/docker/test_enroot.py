@@ -119,11 +119,25 @@ def from_import(enroot: Enroot, test_image: str) -> Iterator[str]:
         enroot.remove(name)
 
 
+#: What tini 0.19 prints when it is neither PID 1 nor a child subreaper: then it cannot reap orphans.
+TINI_NOT_REAPING = "Tini is not running as PID 1 and isn't registered as a child subreaper"
+
+
 def _start(enroot: Enroot, name: str, rw: bool, *command: str, timeout: float = 600) -> str:
     r = enroot.as_stranger("start", *(["--rw"] if rw else []), name, *command, timeout=timeout)
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"enroot start {name} {' '.join(command)} exited {r.returncode}:\n{out[-5000:]}"
+    # enroot makes no PID namespace, so tini is not PID 1: with -s it is the jobs' subreaper all the same.
+    assert TINI_NOT_REAPING not in out, out[-3000:]
     return out
+
+
+#: An orphan (a shell's background sleep, the shell gone) and who adopts it: the nearest subreaper.
+ORPHAN = ("import os, subprocess, time; "
+          "pid = int(subprocess.run(['sh', '-c', 'sleep 60 >/dev/null 2>&1 & echo $!'], capture_output=True, "
+          "text=True, check=True).stdout); time.sleep(0.5); "
+          "ppid = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[1]; "
+          "print('ADOPTED-BY', open(f'/proc/{ppid}/comm').read().strip()); os.kill(pid, 9)")
 
 
 def _selftest(enroot: Enroot, name: str, rw: bool, *args: str) -> str:
@@ -145,6 +159,9 @@ def _probe(enroot: Enroot, name: str, rw: bool) -> None:
     out = _start(enroot, name, rw, "python", "-c", code)
     assert "ENROOT-OK /opt/venv/" in out, out[-3000:]
     assert ("rootfs-writable" if rw else "rootfs-ro") in out, out[-3000:]
+    # A job's orphans go to the image's tini, which reaps them, not to the host's init.
+    adopted = _start(enroot, name, rw, "python", "-c", ORPHAN)
+    assert "ADOPTED-BY tini" in adopted, adopted[-3000:]
     # The control: the venv's own interpreter outside the venv, without the image's PYTHONNOUSERSITE
     # (an image without those defences), imports the plant from the bound HOME.
     bare = 'env -u PYTHONNOUSERSITE "$(readlink -f /opt/venv/bin/python)" -c "import torch"'

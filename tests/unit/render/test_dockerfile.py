@@ -74,7 +74,7 @@ def test_header_and_layer_order(cells: dict[str, ImageSpec]) -> None:
     order = [text.index(s) for s in ("apt-get install", "source=wheelhouse/torch,", "source=wheelhouse/tools,",
                                       "sbom.py", "COPY entrypoint/", "COPY smoke_tests/", "ENTRYPOINT")]
     assert order == sorted(order), "layers must go from slow/stable to fast-changing"
-    assert 'ENTRYPOINT ["/usr/bin/tini", "-g", "--"' in text
+    assert 'ENTRYPOINT ["/usr/bin/tini", "-s", "-g", "--"' in text
     assert "rm -f /etc/ssh/ssh_host_*" in text
 
 
