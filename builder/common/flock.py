@@ -10,7 +10,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,10 +25,24 @@ def lock_file(kind: str, name: str) -> Path:
 @contextmanager
 def exclusive(path: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``path`` (made if missing), waiting for another holder first."""
+    with held(path, shared=False):
+        yield
+
+
+@contextmanager
+def held(path: Path, *, shared: bool, on_wait: Callable[[], None] | None = None) -> Iterator[None]:
+    """Hold a shared (any number at once) or exclusive (alone) lock on ``path`` (made if missing).
+    ``on_wait`` is called once, before blocking, when the lock is not free at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    mode = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if on_wait is not None:
+                on_wait()
+            fcntl.flock(fd, mode)
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -23,7 +23,7 @@ from typing import Any
 
 import requests
 
-from builder.engine import bridge
+from builder.engine import bridge, solverturn
 from builder.engine.buildcache import BuildCache
 from builder.engine.buildkit import BuildkitCli, build_with_cli, to_classic
 from builder.engine.capabilities import CONTAINERD, Store, image_store
@@ -183,7 +183,8 @@ class Engine(BuildCache):
         """Build through BuildKit when a CLI for it exists, else the classic builder."""
         req.log_path.parent.mkdir(parents=True, exist_ok=True)
         if cli is not None:  # the containerd store names the image by its manifest's digest, not the iidfile's
-            out = build_with_cli(req, on_line, cli)
+            with solverturn.turn(cli.env, req.platform, req.no_cache):  # a --no-cache build runs alone
+                out = build_with_cli(req, on_line, cli)
             if req.oci_dest is not None:  # exported, not loaded: its ID is its config digest
                 return out
             ok = out.ok and out.manifest_digest and self.store().kind == CONTAINERD
