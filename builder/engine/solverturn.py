@@ -30,7 +30,7 @@ DEFAULT_HOST = "unix:///var/run/docker.sock"
 def lock_path(env: Mapping[str, str], platform: str | None) -> Path:
     """The lock of one engine (its DOCKER_HOST as the build's CLI gets it) and one platform."""
     host = env.get("DOCKER_HOST") or DEFAULT_HOST
-    key = hashlib.sha256(host.encode()).hexdigest()[:12]
+    key = hashlib.sha256(host.encode()).hexdigest()
     return flock.lock_file("solver", f"{key}-{platform or 'native'}")
 
 

@@ -3,6 +3,8 @@ real threads; each turn is taken as Engine.build takes it, around the build's CL
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from builder.common import flock
 from builder.engine import docker as engine_docker
 from builder.engine import solverturn
 from builder.engine.buildkit import BuildkitCli
@@ -82,7 +85,61 @@ def test_another_platform_or_engine_does_not_wait(holders: Callable[..., Holder]
 
 def test_the_default_host_is_the_engines_socket() -> None:
     assert solverturn.lock_path({}, None) == solverturn.lock_path({"DOCKER_HOST": solverturn.DEFAULT_HOST}, None)
-    assert solverturn.lock_path({}, None) != solverturn.lock_path({}, "linux/arm64")
+    assert solverturn.lock_path({}, None).name.endswith("-native.lock")
+    assert solverturn.lock_path({}, "linux/arm64").name.endswith("-linux_arm64.lock")
+
+
+@pytest.mark.parametrize(("no_cache", "said"), [(True, "a --no-cache build runs alone on its engine"),
+                                                (False, "waiting for a --no-cache build on this engine to end")])
+def test_a_waiting_build_says_why(no_cache: bool, said: str, holders: Callable[..., Holder],
+                                  caplog: pytest.LogCaptureFixture) -> None:
+    first = holders(no_cache=not no_cache)
+    assert first.has.wait(5)
+    second = holders(no_cache=no_cache)
+    assert not second.has.wait(WAIT)
+    assert said in caplog.text and caplog.text.count("waiting for") == 1, caplog.text
+    first.end()
+    assert second.has.wait(5)
+
+
+def test_a_free_lock_says_nothing_and_a_held_one_waits_with_or_without_a_word(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "locks" / "x.lock"
+    calls: list[int] = []
+    with flock.held(path, shared=True, on_wait=lambda: calls.append(1)):
+        pass
+    assert calls == []
+    old = os.umask(0o022)
+    try:
+        with flock.exclusive(path):
+            assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+    holder_has, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with flock.exclusive(path):
+            holder_has.set()
+            release.wait(10)
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert holder_has.wait(5)
+    got: list[str] = []
+    waiters = [threading.Thread(target=lambda: got.append(_take(path, None)), daemon=True),
+               threading.Thread(target=lambda: got.append(_take(path, lambda: calls.append(2))), daemon=True)]
+    for w in waiters:
+        w.start()
+    time.sleep(WAIT)
+    assert got == [] and calls == [2]
+    release.set()
+    for w in waiters:
+        w.join(5)
+    assert sorted(got) == ["taken", "taken"]
+
+
+def _take(path: Path, on_wait: Callable[[], None] | None) -> str:
+    with flock.held(path, shared=False, on_wait=on_wait):
+        return "taken"
 
 
 def test_engine_build_takes_the_turn_around_the_cli(tmp_path: Path, holders: Callable[..., Holder],
