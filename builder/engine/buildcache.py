@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from builder.common.log import log
+from builder.engine.capabilities import CONTAINERD, Store
 from builder.engine.translate import _translated
 
 
@@ -12,12 +14,22 @@ class BuildCache:
 
     client: Any
 
+    def store(self) -> Store:  # the engine's image store (Engine: asked of `docker info` once)
+        raise NotImplementedError
+
     @_translated
     def drop_build_contexts(self) -> int:
         """Drop the build contexts BuildKit keeps after its builds (a cell's holds its ~3 GB of
-        wheels), never one a running build uses; the bytes freed. The layer cache stays whole: a
-        step's cache key is the checksum of what it mounts, so the next build sends its context
-        again (a local copy) and still reuses every unchanged layer."""
+        wheels), never one a running build uses; the bytes freed. In the classic store the layer
+        cache stays whole: a step's cache key is the checksum of what it mounts, so the next build
+        sends its context again (a local copy) and still reuses every unchanged layer. Docker 28's
+        containerd image store drops the whole layer cache with a pruned context (even one pruned by
+        its own ID: the next build reran every RUN, so patch day rebuilt the venv), so there they stay
+        and nothing is freed."""
+        if self.store().kind == CONTAINERD:
+            log.info("the build contexts stay in the build cache: pruning one in the containerd image store "
+                     "drops the whole layer cache with it")
+            return 0
         out = self.client.api.prune_builds(filters={"type": "source.local"})
         return int((out or {}).get("SpaceReclaimed") or 0)
 

@@ -34,7 +34,6 @@ from builder.engine import (
     find_buildkit_cli,
     missing_builder,
 )
-from builder.engine.capabilities import CONTAINERD
 from builder.imaging import base_foreign, base_image, supply
 from builder.imaging.buildenv import BuildEnv, secret_files
 from builder.imaging.inputs import context_files, git_revision, inputs_hash, recipe_hash
@@ -215,14 +214,9 @@ class _Builder:
     def _drop_contexts(self, spec: ImageSpec, wheels_in_context: bool) -> None:
         """Drop the build contexts a build leaves in BuildKit's cache, where the wheels went through the
         context (~3 GB per cell otherwise, kept for nothing). Where the wheel server served them, the
-        context is only our files, and it stays. In Docker 28's containerd image store it always stays:
-        that store drops the whole layer cache with a pruned context (even one pruned by its own ID: the
-        next build reran every RUN, so patch day rebuilt the venv), while the classic store keeps it."""
+        context is only our files, and it stays (the engine keeps them in any case in Docker 28's
+        containerd image store, where a pruned context takes the whole layer cache with it)."""
         if not wheels_in_context:
-            return
-        if self.engine.store().kind == CONTAINERD:
-            log.info("%s: the build context (the wheels, PTMG_WHEEL_TRANSPORT=context) stays in the build cache: "
-                     "pruning one in the containerd image store drops the whole layer cache with it", spec.name)
             return
         try:  # the build stands either way
             freed = self.engine.drop_build_contexts()

@@ -17,7 +17,6 @@ import pytest
 
 import ptmg_contract as contract
 from builder.engine import BuildOutcome, BuildRequest, EngineError
-from builder.engine.capabilities import CLASSIC, CONTAINERD, Store
 from builder.engine.model import RunResult
 from builder.imaging import orchestrate, os_snapshot, supply
 from builder.matrix import ImageSpec
@@ -40,10 +39,6 @@ class FakeEngine:
         self.removed: list[str] = []
         self.contexts_dropped = 0  # after how many builds the kept build contexts were dropped
         self.prune_error: Exception | None = None
-        self.store_kind = CLASSIC
-
-    def store(self) -> Store:
-        return Store(self.store_kind, "overlay2" if self.store_kind == CLASSIC else "overlayfs")
 
     def image_exists(self, ref: str) -> bool:
         return ref in self.images
@@ -188,21 +183,6 @@ def test_a_build_whose_wheels_were_served_keeps_its_context(spec: ImageSpec, tmp
     engine = FakeEngine(spec)
     assert build(engine, spec, tmp_path, Mirror()).status == "built"
     assert served == [spec.name] and len(engine.builds) == 1 and engine.contexts_dropped == 0
-
-
-def test_the_containerd_store_keeps_a_context_that_carried_the_wheels(spec: ImageSpec, tmp_path: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    """The wheels through the context (PTMG_WHEEL_TRANSPORT=context, or no wheel server): the classic store
-    drops the 3 GB context after the build; the containerd store keeps it, since a pruned context takes the
-    whole layer cache with it there."""
-    classic = FakeEngine(spec)
-    assert build(classic, spec, tmp_path / "classic", Mirror()).status == "built"
-    assert classic.contexts_dropped == 1
-    containerd = FakeEngine(spec)
-    containerd.store_kind = CONTAINERD
-    assert build(containerd, spec, tmp_path / "containerd", Mirror()).status == "built"
-    assert len(containerd.builds) == 1 and containerd.contexts_dropped == 0
-    assert "stays in the build cache" in caplog.text
 
 
 def test_a_build_stands_when_its_contexts_cannot_be_dropped(spec: ImageSpec, tmp_path: Path,

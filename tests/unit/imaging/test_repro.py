@@ -186,6 +186,36 @@ class _Cache:
         return {"CachesDeleted": [rid], "SpaceReclaimed": 10}
 
 
+class _Contexts:
+    """An engine's API for the context prune: its store (`docker info`), and the prunes asked of it."""
+
+    def __init__(self, driver_status: list[list[str]]) -> None:
+        self.status = driver_status
+        self.prunes: list[dict[str, str]] = []
+        self.api = self
+
+    def info(self) -> dict[str, object]:
+        return {"Driver": "overlayfs" if self.status else "overlay2", "DriverStatus": self.status}
+
+    def prune_builds(self, filters: dict[str, str]) -> dict[str, object]:
+        self.prunes.append(filters)
+        return {"SpaceReclaimed": 3_200_000_000}
+
+
+def test_the_containerd_store_keeps_a_context_that_carried_the_wheels(caplog: pytest.LogCaptureFixture) -> None:
+    """The wheels through the context (PTMG_WHEEL_TRANSPORT=context, or no wheel server): the classic store
+    drops the 3 GB context after the build; the containerd store keeps it, since a pruned context takes the
+    whole layer cache with it there."""
+    from builder.engine.docker import Engine
+    classic = _Contexts([["Backing Filesystem", "extfs"]])
+    assert Engine(client=classic, labels={}).drop_build_contexts() == 3_200_000_000
+    assert classic.prunes == [{"type": "source.local"}]
+    containerd = _Contexts([["driver-type", "io.containerd.snapshotter.v1"]])
+    assert Engine(client=containerd, labels={}).drop_build_contexts() == 0
+    assert containerd.prunes == []
+    assert "stay in the build cache" in caplog.text
+
+
 def test_a_builds_own_records_go_and_every_other_stays() -> None:
     from builder.engine.docker import Engine
     cache = _Cache({"other": None, "a": None, "b": "a", "c": "b"})
