@@ -8,11 +8,14 @@ kept as close to the article as possible. Every change is marked ``# ptmg:``:
   article's transform, instead of downloading CIFAR10;
 - the epoch count, data set size, batch size and DataLoader workers are flags,
   so the smoke test runs a few steps on CPU.
+- the rank ends with os._exit once its output is flushed, skipping the interpreter's teardown,
+  where torch's gloo process group can abort or hang the rank (seed_003_simplenet_ddp.py says how).
 
     torchrun --nproc_per_node=2 seed_000_resnet_ddp.py
 """
 import argparse
 import os  # ptmg: torchrun's environment
+import sys  # ptmg: flush before os._exit
 
 import torch
 import torch.distributed as dist
@@ -92,3 +95,6 @@ if __name__ == "__main__":
     # ptmg: was mp.spawn(train, args=(args.world_size,), nprocs=args.world_size, join=True)
     train(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args.batch_size,
           args.epochs, args.fake_size, args.num_workers)
+    sys.stdout.flush()  # ptmg: end without the interpreter's teardown (see the docstring)
+    sys.stderr.flush()
+    os._exit(0)

@@ -7,12 +7,14 @@ kept as close to the article as possible. Every change is marked ``# ptmg:``:
   environment, and MASTER_ADDR/PORT are only defaults (torchrun's values win);
 - gloo on CPU when no GPU is visible, NCCL on GPU ``LOCAL_RANK`` otherwise;
 - rank 0 prints one line at the end, so a test can tell that training ran;
-- a barrier before destroy_process_group: without it torch 2.14.1's gloo aborts at exit in
-  about one run in five ("terminate called without an active exception", after training).
+- a barrier before destroy_process_group, so no rank leaves while another is still in a collective;
+- the rank ends with os._exit once its output is flushed, skipping the interpreter's teardown (see
+  the end of the file).
 
     torchrun --nproc_per_node=2 seed_003_simplenet_ddp.py
 """
 import os
+import sys  # ptmg: flush before os._exit
 
 import torch
 import torch.distributed as dist
@@ -79,7 +81,7 @@ def train_ddp(rank, world_size):
 
     if rank == 0:  # ptmg: proof of a finished run
         print(f"seed_003 done: world_size={world_size} epochs=10 last_loss={loss:.4f}", flush=True)
-    dist.barrier()  # ptmg: every rank done with gloo before the group goes (see above)
+    dist.barrier()  # ptmg: every rank done with its collectives before any rank leaves
     cleanup_ddp()
 
 
@@ -87,3 +89,13 @@ if __name__ == "__main__":
     # ptmg: was world_size = torch.cuda.device_count();
     #       mp.spawn(train_ddp, args=(world_size,), nprocs=world_size, join=True)
     train_ddp(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+    # ptmg: end here, without the interpreter's teardown. A torch 2.14.1 gloo worker thread can still be
+    # freeing a finished collective when the interpreter finalizes; the work's thread-local state holds
+    # a Python object, so the worker takes the GIL during Py_FinalizeEx, Python ends that thread, and
+    # the C++ runtime aborts the rank: "terminate called without an active exception" after training,
+    # about one CPU run in a hundred (a core dump's backtrace: ProcessGroupGloo::runLoop ->
+    # ~AsyncWork -> ~ThreadLocalState -> gil_scoped_acquire -> pthread_exit -> std::terminate).
+    # torch 2.0.1's gloo deadlocked on the GIL at the same point instead. The rank's work is done.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -6,7 +6,8 @@ holding torch's CPU wheel and pytest alone, no TensorBoard, requests, PyYAML or 
   every one listed before any step starts, with a report;
 - CUDA_HOME: the preflight's resolution is torch.utils.cpp_extension's own, case by case;
 - the DDP job (torchrun, 2 gloo ranks, real torch) passes its checks without TensorBoard, the
-  events check skipping with the reason.
+  events check skipping with the reason;
+- a seed template's rank ends once it has trained, whatever the interpreter's teardown would do.
 
 The venv is built once (about 30 s: pip takes torch from the local wheel store) and kept under
 ~/.cache/pt-multi-gpu/bare-host/, keyed by this python and what it installs; the tests then take
@@ -20,8 +21,10 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,3 +149,34 @@ def test_the_ddp_job_passes_its_checks_without_tensorboard(bare_python: str, tmp
     assert "TensorBoard not installed" in rows["test_ddp[tensorboard-events]"], rows
     for check in ("exit-code", "loss-decreases", "params-identical", "allreduce-exact", "busbw-table", "verdict"):
         assert rows[f"test_ddp[{check}]"].split()[0] == "PASS", rows
+
+
+def test_a_seed_templates_rank_ends_once_it_has_trained_whatever_the_teardown_would_do(bare_python: str,
+                                                                                         tmp_path: Path) -> None:
+    """seed_003 as torchrun runs it (``__main__``, one gloo rank on real torch), beside a thread that never
+    ends: the interpreter's teardown is where torch 2.14.1's gloo aborted about one rank in a hundred
+    (a worker thread freeing the last collective took the GIL during Py_FinalizeEx) and torch 2.0.1's
+    hung. The rank must train, print its line and end at once with status 0."""
+    seed = ROOT / "smoke_tests" / "seeds" / "seed_003_simplenet_ddp.py"
+    code = textwrap.dedent(f"""
+        import runpy, sys, threading
+        threading.Thread(target=threading.Event().wait, name="teardown-hang").start()  # not a daemon
+        sys.argv = [{str(seed)!r}]
+        runpy.run_path({str(seed)!r}, run_name="__main__")
+    """)
+    env = _bare_env(tmp_path, bare_python)
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+               OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run([bare_python, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=90, check=False)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the rank outlived its work by the test's 90 s: {e.stdout!r} {e.stderr!r}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "seed_003 done: world_size=1 epochs=10" in proc.stdout, proc.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
