@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -165,7 +164,8 @@ def test_a_seed_templates_rank_ends_once_it_has_trained_whatever_the_teardown_wo
         runpy.run_path({str(seed)!r}, run_name="__main__")
     """)
     env = _bare_env(tmp_path, bare_python)
-    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()),
+    # MASTER_PORT 0: the lone rank's store takes a free port of its own, which no other rank needs to know
+    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="0",
                OMP_NUM_THREADS="1")
     try:
         proc = subprocess.run([bare_python, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -174,9 +174,3 @@ def test_a_seed_templates_rank_ends_once_it_has_trained_whatever_the_teardown_wo
         pytest.fail(f"the rank outlived its work by the test's 90 s: {e.stdout!r} {e.stderr!r}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "seed_003 done: world_size=1 epochs=10" in proc.stdout, proc.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
