@@ -1,15 +1,21 @@
-"""``build.py verify --rebuild``: the PUBLISHED image against a fresh reproducible build of its cell, file by file.
+"""``build.py verify --rebuild``: the PUBLISHED image against a fresh reproducible build of its cell, file by file,
+and the rebuild's digest against the reproducible digest the provenance signs, where it signs one.
 
-Not by digest. The image ``build.py build`` loads into the engine (and ``publish`` pushes) can never have the
-digest of a reproducible export: BuildKit refuses ``rewrite-timestamp=true`` together with loading into the
-engine (Docker 28.5.2 + buildx 0.29.1: ``exporter option "rewrite-timestamp" conflicts with "unpack"``), so the
-published layers carry the build's own file times, and every layer digest differs from the rebuild's.
+The published image is compared file by file, not by digest. The image ``build.py build`` loads into the
+engine (and ``publish`` pushes) can never have the digest of a reproducible export: BuildKit refuses
+``rewrite-timestamp=true`` together with loading into the engine (Docker 28.5.2 + buildx 0.29.1: ``exporter
+option "rewrite-timestamp" conflicts with "unpack"``), so the published layers carry the build's own file
+times, and every layer digest differs from the rebuild's.
 
 So each layer of the published image, streamed from the registry (checked against its digest as it is read,
 never held in memory), is read beside the same layer of the rebuild's OCI layout, and every file must agree
 in path, type, mode, owner (uid/gid), size, content sha256 and link target; modification times are not
 compared. The image config's Entrypoint, Cmd, Env, User and WorkingDir must be equal too (labels, history and
 ``created`` are not compared: publish and build write dates there).
+
+The digest is compared where ``build.py repro`` proved one: publish signs the reproducible OCI manifest digest
+that repro's builds gave for the same inputs as the pushed image (a provenance byproduct), and the rebuild,
+made the same way, must give that digest byte for byte.
 """
 
 from __future__ import annotations
@@ -148,5 +154,19 @@ def summary(c: Comparison, shown: Sequence[str]) -> str:
     head = (f"{c.digest}: the rebuild {'matches' if c.same else 'differs from'} the published image: {c.layers} "
             f"layer(s), {c.files} path(s) compared by {COMPARED}, and the config's {', '.join(CONFIG_FIELDS)}; "
             "file times are not compared (an image loaded into the engine keeps its build's times: BuildKit "
-            "refuses rewrite-timestamp with a load), so neither are the digests")
+            "refuses rewrite-timestamp with a load), so neither are the published image's digests")
     return "\n".join([head, *shown])
+
+
+def digest_verdict(rebuilt: str, signed: str | None) -> tuple[bool, str]:
+    """(the same?, the line) for the rebuild's manifest digest against the reproducible digest the provenance
+    signed (``build.py repro``'s, for the same inputs); no digest signed is no verdict, said so."""
+    if signed is None:
+        return True, (f"the rebuild's manifest digest is {rebuilt}; the provenance signs no reproducible digest to "
+                      "compare it with (publish signs one where `build.py repro` proved it for the image's inputs: "
+                      "docs/supply-chain.md), so only the files are compared")
+    if rebuilt == signed:
+        return True, (f"the rebuild's manifest digest {rebuilt} is the reproducible digest the provenance signs: "
+                      "bit-identical")
+    return False, (f"the rebuild's manifest digest {rebuilt} is not the reproducible digest the provenance signs "
+                   f"({signed}): this checkout, base or Debian snapshot does not build what the signer built")

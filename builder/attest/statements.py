@@ -5,6 +5,8 @@ Each digest gets three Statement v1 (https://in-toto.io/Statement/v1), signed se
 - SLSA Provenance v1: the builder; each cell of images.yaml it carries (the entry and its sha256); the git
   commit the image was built from and whether the tree was clean; the lock's sha256; the Debian snapshot
   and SOURCE_DATE_EPOCH; the base image; the engine and builder; the external parameters a rebuild needs;
+  and, where ``build.py repro`` proved one for the image's inputs, the reproducible OCI manifest digest a
+  cold rebuild must give (a byproduct: the published image itself keeps its build's file times);
 - the CycloneDX SBOM the image carries (one per platform: an index gets its platforms' SBOMs);
 - the gate results: the smoke record, the OS freshness and the vulnerability gate.
 
@@ -62,6 +64,9 @@ class CellFacts:
     os_gate: Mapping[str, Any] = field(default_factory=dict)
     vuln_gate: Mapping[str, Any] = field(default_factory=dict)
     sbom: Mapping[str, Any] | None = None  # the CycloneDX document, or None when the image carries none
+    #: what `build.py repro` proved for this image's inputs (its report: manifest, config, SOURCE_DATE_EPOCH,
+    #: Debian snapshot, inputs hash), or None when no such report was at hand
+    reproducible: Mapping[str, Any] | None = None
 
 
 def cell_entry(spec: Any) -> dict[str, Any]:
@@ -92,6 +97,45 @@ def _cell_parameters(c: CellFacts) -> dict[str, Any]:
             "base": c.base}
 
 
+#: The name of the byproduct that carries a cell's reproducible OCI manifest digest.
+REPRODUCIBLE = "reproducible-oci-image"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _byproducts(cells: Sequence[CellFacts]) -> list[dict[str, Any]]:
+    """Each cell's reproducible OCI manifest: the digest a cold rebuild of the same inputs must give."""
+    out = []
+    for c in cells:
+        r = c.reproducible
+        if not r:
+            continue
+        algo, _, hexdigest = str(r["manifest"]).partition(":")
+        out.append({"name": REPRODUCIBLE, "digest": {algo: hexdigest}, "mediaType": OCI_MANIFEST,
+                    "annotations": {"cell": c.cell, "platform": c.platform, "config": str(r["config"]),
+                                    "sourceDateEpoch": int(r["source_date_epoch"]),
+                                    "osSnapshot": str(r["os_snapshot"]), "inputsHash": str(r["inputs"]),
+                                    "how": "build.py repro: uncached builds exported as OCI layouts with "
+                                           "rewrite-timestamp, every one the same digest"}})
+    return out
+
+
+def reproducible_digests(predicate: Mapping[str, Any]) -> dict[str, str]:
+    """cell -> the reproducible manifest digest a provenance predicate records (empty when none)."""
+    found: dict[str, str] = {}
+    try:
+        items = predicate["runDetails"].get("byproducts") or []
+    except (KeyError, TypeError, AttributeError):
+        return found
+    for b in items if isinstance(items, list) else []:
+        if not isinstance(b, dict) or b.get("name") != REPRODUCIBLE:
+            continue
+        digest, cell = b.get("digest"), (b.get("annotations") or {}).get("cell")
+        if isinstance(digest, dict) and len(digest) == 1 and isinstance(cell, str):
+            ((algo, value),) = digest.items()
+            found[cell] = f"{algo}:{value}"
+    return found
+
+
 def provenance(cells: Sequence[CellFacts]) -> dict[str, Any]:
     """SLSA Provenance v1 for the images of ``cells`` (one, or an index's platforms)."""
     deps: list[dict[str, Any]] = []
@@ -108,6 +152,10 @@ def provenance(cells: Sequence[CellFacts]) -> dict[str, Any]:
         if c.os_snapshot:
             deps.append({"uri": "debian-snapshot", "digest": {"sha256": c.os_snapshot.removeprefix("sha256:")},
                          "annotations": {"suites": c.os_suites}})
+    run_details: dict[str, Any] = {"builder": {"id": BUILDER_ID}, "metadata": {}}
+    byproducts = _byproducts(cells)
+    if byproducts:
+        run_details["byproducts"] = byproducts
     return {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
@@ -117,7 +165,7 @@ def provenance(cells: Sequence[CellFacts]) -> dict[str, Any]:
                                                        "engine": dict(c.engine)} for c in cells}},
             "resolvedDependencies": deps,
         },
-        "runDetails": {"builder": {"id": BUILDER_ID}, "metadata": {}},
+        "runDetails": run_details,
     }
 
 

@@ -33,7 +33,7 @@ from builder.attest.cosign_store import (
     tag_for,
 )
 from builder.attest.keys import ALGORITHM
-from builder.attest.statements import GATES_V1, SLSA_PROVENANCE_V1, STATEMENT_V1, entry_sha256
+from builder.attest.statements import GATES_V1, SLSA_PROVENANCE_V1, STATEMENT_V1, entry_sha256, reproducible_digests
 from builder.common.errors import StepFailed
 
 
@@ -56,6 +56,8 @@ class Verified:
     checks: list[str] = field(default_factory=list)
     predicate_types: list[str] = field(default_factory=list)
     cells: list[str] = field(default_factory=list)
+    #: cell -> the reproducible OCI manifest digest the provenance signed for it (``build.py repro``'s)
+    reproducible: dict[str, str] = field(default_factory=dict)
 
 
 def _layers(store: Store, tag: str, what: str) -> list[Any]:
@@ -167,4 +169,7 @@ def verify(store: Store, pub: ec.EllipticCurvePublicKey, digest: str, checkout: 
         done.cells.append(str(cell["cell"]))
     done.checks.append(f"provenance matches this checkout: cell(s) {', '.join(done.cells)} (images.yaml entry, lock "
                        "sha256) and the Debian snapshot the image records")
+    done.reproducible = {c: d for c, d in reproducible_digests(prov["predicate"]).items() if c in done.cells}
+    for cell, d in sorted(done.reproducible.items()):
+        done.checks.append(f"provenance signs {d} as the reproducible digest of {cell} (what a cold rebuild gives)")
     return done

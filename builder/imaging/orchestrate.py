@@ -79,6 +79,19 @@ class CellResult:
 
 
 @dataclass(frozen=True)
+class Export:
+    """One reproducible export (:func:`export_reproducible`): the build's outcome, the Debian snapshot and
+    SOURCE_DATE_EPOCH it built with, and its inputs hash: the one ``build.py build`` would label the cell's
+    image with from the same inputs (``LABEL_INPUTS_HASH``), which is how publish tells that a repro report
+    is about the image it pushes."""
+
+    outcome: BuildOutcome
+    snapshot: Snapshot
+    epoch: int
+    inputs: str
+
+
+@dataclass(frozen=True)
 class _Staged:
     """A staged build: its context folder, and the wheel server when one serves the wheels."""
 
@@ -187,7 +200,7 @@ class _Builder:
                 (log.warning if cli is not None and cli.buildx and not host else log.info)("wheels: %s", how)
             return self._host or None
 
-    def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> tuple[BuildOutcome, Snapshot, int]:
+    def export_oci(self, spec: ImageSpec, dest: Path, log_path: Path) -> Export:
         """One uncached build of the cell into an OCI layout folder, its timestamps clamped to the Debian
         snapshot's epoch (`build.py repro`); the engine's images are untouched."""
         rendered = self._render(spec)
@@ -199,7 +212,7 @@ class _Builder:
             raise StepFailed(f"{spec.name}: the Debian archive's state is not known ({snap.describe()}), so there "
                              "is no SOURCE_DATE_EPOCH to build with; a reproducible build needs the mirrors")
         self._os[spec.name] = snap
-        self.base_id(spec)
+        digest = inputs_hash(rendered.text, files, self.base_id(spec), self.cfg.root, snap.key, lock.inputs)
         self._check_sources(spec.base_ref, spec.os)
         before = self.engine.build_records()
         with self._staged(spec, lock, files) as staged:
@@ -209,7 +222,7 @@ class _Builder:
         # An uncached build's layers (~9 GB for a cell) help no later build: its own records go, no other's.
         freed = self.engine.drop_build_records(self.engine.build_records() - before)
         log.info("%s: dropped this build's %.1f GB of layer records from the build cache", spec.name, freed / 1e9)
-        return outcome, snap, epoch
+        return Export(outcome, snap, epoch, digest)
 
     def _drop_contexts(self, spec: ImageSpec, wheels_in_context: bool) -> None:
         """Drop the build contexts a build leaves in BuildKit's cache, where the wheels went through the
@@ -328,7 +341,7 @@ def failure_text(step: str, tail: Sequence[str], log_path: Path) -> str:
 
 
 def export_reproducible(engine: Engine, spec: ImageSpec, cfg: BuildConfig, dest: Path, log_path: Path,
-                        on_line: Callable[[str, str], None]) -> tuple[BuildOutcome, Snapshot, int]:
+                        on_line: Callable[[str, str], None]) -> Export:
     """One uncached build of ``spec`` into the OCI layout folder ``dest`` (see :meth:`_Builder.export_oci`)."""
     return _Builder(engine, cfg, on_line).export_oci(spec, dest, log_path)
 

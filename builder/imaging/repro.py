@@ -20,6 +20,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -195,6 +196,7 @@ class Verdict:
     epoch: int
     snapshot: str
     differs: tuple[str, ...]  # what differs, when it does (named files, or why none can be named)
+    inputs: str = ""  # the inputs hash the builds had (the one `build.py build` labels the cell's image with)
 
     @property
     def same(self) -> bool:
@@ -207,27 +209,28 @@ def reproduce(engine: Engine, spec: ImageSpec, cfg: BuildConfig, workdir: Path, 
     """Build ``spec`` from scratch twice (once with ``against``) into OCI layouts under ``workdir``, compare."""
     images: list[OciImage] = []
     builds: list[Build] = []
-    epoch, snapshot = 0, ""
+    epoch, snapshot, inputs = 0, "", ""
     for n in range(1 if against else 2):
         dest = workdir / "ab"[n]
         log_path = cfg.log_dir / f"{spec.name}.repro-{'ab'[n]}.log"
         log.info("%s: build %d of %d, from scratch, into %s", spec.name, n + 1, 1 if against else 2, dest)
         t0 = time.monotonic()
-        outcome, snap, epoch = export_reproducible(engine, spec, cfg, dest, log_path, on_line)
+        done = export_reproducible(engine, spec, cfg, dest, log_path, on_line)
+        outcome, snap, epoch = done.outcome, done.snapshot, done.epoch
         if not outcome.ok:
             raise StepFailed(f"{spec.name}: build {n + 1} failed\n" +
                              failure_text(outcome.failed_step, outcome.tail, log_path))
         if snapshot and snap.key != snapshot:
             raise StepFailed(f"{spec.name}: Debian published updates between the two builds (snapshot {snapshot} "
                              f"then {snap.key}); run it again")
-        snapshot = snap.key
+        snapshot, inputs = snap.key, done.inputs
         try:
             image = read_layout(dest)
         except LayoutError as exc:
             raise StepFailed(f"{spec.name}: {exc}") from None
         images.append(image)
         builds.append(Build(image.manifest_digest, image.config_digest, time.monotonic() - t0))
-    verdict = Verdict(tuple(builds), against, epoch, snapshot, ())
+    verdict = Verdict(tuple(builds), against, epoch, snapshot, (), inputs)
     if verdict.same:
         return verdict
     if against:
@@ -236,3 +239,70 @@ def reproduce(engine: Engine, spec: ImageSpec, cfg: BuildConfig, workdir: Path, 
                "the Debian snapshot are the published one's")
         return dataclasses.replace(verdict, differs=(why,))
     return dataclasses.replace(verdict, differs=tuple(differing_files(images[0], images[1])))
+
+
+# --- the report, and what publish signs of it -------------------------------------------------------
+#: A repro report is a few hundred bytes; a file far larger is not one (read no more than this).
+REPORT_LIMIT = 1 << 20
+
+
+def report_path(folder: Path, cell: str) -> Path:
+    return folder / f"{cell}.repro.json"
+
+
+def write_report(folder: Path, cell: str, report: dict[str, Any]) -> Path:
+    """``<folder>/<cell>.repro.json``, written whole or not at all (a temporary file, then a rename)."""
+    path = report_path(folder, cell)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+@dataclass(frozen=True)
+class Proven:
+    """A manifest digest ``build.py repro`` got from every build of a cell (two from scratch, or one that
+    matched ``--against``), and what it built from."""
+
+    manifest: str
+    config: str
+    source_date_epoch: int
+    os_snapshot: str
+    inputs: str
+
+
+def proven_digest(folder: Path, cell: str, inputs: str) -> Proven | str:
+    """The bit-identical digest the repro report of ``cell`` in ``folder`` proved for the inputs hash
+    ``inputs`` (the image's LABEL_INPUTS_HASH), or one line saying why there is none to sign."""
+    path = report_path(folder, cell)
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(REPORT_LIMIT + 1)
+    except FileNotFoundError:
+        return f"no repro report ({path}; `build.py repro {cell}` writes it)"
+    except OSError as exc:
+        return f"{path} cannot be read: {exc.strerror or exc}"
+    try:
+        if len(raw) > REPORT_LIMIT:
+            raise ValueError(f"over {REPORT_LIMIT} bytes")
+        data = json.loads(raw)
+        builds = data["builds"]
+        proven = Proven(str(builds[0]["manifest"]), str(builds[0]["config"]), int(data["source_date_epoch"]),
+                        str(data["os_snapshot"]), str(data.get("inputs") or ""))
+        same, named = data["same"] is True, data["cell"]
+    except (ValueError, KeyError, IndexError, TypeError) as exc:
+        return f"{path} is not a repro report: {exc}"
+    if named != cell:
+        return f"{path} is the report of cell {named!r}, not {cell}"
+    if not same:
+        return f"{path}: its builds differed (not bit-identical), so no digest was proven"
+    if not proven.inputs:
+        return f"{path} records no inputs hash (an older build.py wrote it); run `build.py repro {cell}` again"
+    if proven.inputs != inputs:
+        return (f"{path} was made from other inputs ({proven.inputs}) than the image ({inputs or 'no inputs label'}): "
+                f"the Dockerfile, our files, the lock, the base or the Debian snapshot changed since; run "
+                f"`build.py repro {cell}` again")
+    return proven

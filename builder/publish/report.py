@@ -119,13 +119,14 @@ def report_markdown(report: Report, secrets: Iterable[str] = ()) -> str:
                      f"{v.get('cudnn', '-')} | {c.smoke.get('status', '-')} |")
     if report.signing_key:
         lines += ["", "## Signed", "", f"- key: `{report.signing_key}` (the public key's sha256)", "",
-                  "| digest | cells | .att | .sig | statements |", "|---|---|---|---|---|"]
+                  "| digest | cells | .att | .sig | statements | reproducible digest |", "|---|---|---|---|---|---|"]
         for s in report.signed:
             if "error" in s:
-                lines.append(f"| `{s['digest']}` | {', '.join(s['cells'])} | **failed**: {s['error']} | - | - |")
+                lines.append(f"| `{s['digest']}` | {', '.join(s['cells'])} | **failed**: {s['error']} | - | - | - |")
             else:
+                proven = ", ".join(f"`{d}`" for d in (s.get("reproducible") or {}).values()) or "none proven"
                 lines.append(f"| `{s['digest']}` | {', '.join(s['cells'])} | {s['att_status']} | {s['sig_status']} | "
-                             f"{', '.join(s['predicate_types'])} |")
+                             f"{', '.join(s['predicate_types'])} | {proven} |")
     for c in report.cells:
         lines += ["", f"## {c.cell}", "", f"- local image: `{c.image}` ({c.image_id or 'missing'})"]
         if c.digest:

@@ -27,6 +27,7 @@ from builder.attest.keys import key_id
 from builder.attest.signer import sign_digest
 from builder.audit.report import SectionResult
 from builder.common.log import log
+from builder.imaging import repro
 from builder.lock import model
 from builder.matrix import ImageSpec, Matrix
 from builder.publish.client import RegistryClient
@@ -119,15 +120,30 @@ class Signing:
     """Gathers each published image's facts and signs each digest once."""
 
     def __init__(self, key: ec.EllipticCurvePrivateKey, client: RegistryClient, engine: EnginePort, matrix: Matrix,
-                 root: Path, *, audited: Mapping[str, SectionResult], sbom_dir: Path, allow_stale_os: bool) -> None:
+                 root: Path, *, audited: Mapping[str, SectionResult], sbom_dir: Path, allow_stale_os: bool,
+                 repro_dir: Path | None = None) -> None:
         self.key, self.client, self.engine, self.matrix, self.root = key, client, engine, matrix, root
         self.store = ClientStore(client)
         self.audited, self.sbom_dir, self.allow_stale_os = audited, sbom_dir, allow_stale_os
+        self.repro_dir = repro_dir
         self.reference = client.registry.repository(matrix.repository)
 
     def _engine_facts(self) -> dict[str, str]:
         v = self.engine.version()
         return {"engine": f"Docker Engine {v.get('Version', '?')}", "api": str(v.get("ApiVersion", "?"))}
+
+    def reproducible(self, spec: ImageSpec, labels: Mapping[str, str]) -> dict[str, Any] | None:
+        """What `build.py repro` proved for the inputs this image was built from (its inputs-hash label), from
+        its report in ``repro_dir``; None, and the reason logged, when there is nothing to sign."""
+        if self.repro_dir is None:
+            return None
+        got = repro.proven_digest(self.repro_dir, spec.name, str(labels.get(contract.LABEL_INPUTS_HASH, "")))
+        if isinstance(got, str):
+            log.info("%s: no reproducible digest in its provenance: %s", spec.name, got)
+            return None
+        log.info("%s: its provenance names the reproducible digest %s (%s)", spec.name, got.manifest,
+                 repro.report_path(self.repro_dir, spec.name))
+        return asdict(got)
 
     def facts(self, spec: ImageSpec, image_id: str, digest: str, smoke: Mapping[str, Any],
               engine: Mapping[str, str]) -> statements.CellFacts:
@@ -147,7 +163,7 @@ class Signing:
             os_gate={"updated": str(labels.get(contract.LABEL_OS_UPDATED, "")), "suites": suites,
                      "maxPendingDays": self.matrix.audit.debian.max_pending_days,
                      "result": "passed" if not self.allow_stale_os else "passed or allowed (--allow-stale-os)"},
-            vuln_gate=vuln_record(self.audited.get(spec.name)), sbom=sbom)
+            vuln_gate=vuln_record(self.audited.get(spec.name)), sbom=sbom, reproducible=self.reproducible(spec, labels))
 
     def run(self, report: Report, selected: Sequence[ImageSpec]) -> None:
         """Sign what ``report`` says was published; the outcome goes into ``report.signed``."""
@@ -184,7 +200,8 @@ class Signing:
                 report.signed.append({"digest": digest, "cells": names, "error": str(exc)})
                 log.error("signing %s (%s) failed: %s", digest, ", ".join(names), exc)
                 continue
-            report.signed.append(asdict(got))
+            report.signed.append({**asdict(got), "reproducible": {n: str(r["manifest"]) for n in names
+                                                                   if (r := facts[n].reproducible)}})
             log.info("%s (%s): %s %s, %s %s (%.2f s)", digest[:19], ", ".join(names), got.attestations[:18] + "….att",
                      got.att_status, ".sig", got.sig_status, got.seconds)
         if any("error" in s for s in report.signed):

@@ -70,6 +70,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "from the file only; env PTMG_SIGN_KEY_FILE names the file): SLSA provenance, the SBOM and "
                         "the gate results as in-toto attestations in the sha256-<hex>.att tag, and a .sig, as cosign "
                         "stores them (docs/supply-chain.md)")
+    p.add_argument("--repro-dir", metavar="DIR", type=types.text, default=os.environ.get("PTMG_LOG_DIR", "build-logs"),
+                   help="with --sign-key: where `build.py repro` wrote <cell>.repro.json (default: repro's log folder, "
+                        "build-logs/ or env PTMG_LOG_DIR). A cell whose report proved a digest for the same inputs "
+                        "as the pushed image has that reproducible digest in its signed provenance, which "
+                        "`build.py verify --rebuild` then compares its rebuild's digest with")
     p.add_argument("--attempts", type=types.count(1, 20), default=os.environ.get("PTMG_PUSH_ATTEMPTS", "4"),
                    help="tries per tag for transient registry faults, 1-20 (default 4, env PTMG_PUSH_ATTEMPTS; "
                         "exponential backoff with jitter)")
@@ -147,7 +152,8 @@ def run(ctx: Context) -> int:
         log.info("beside the report: %s", extra)
     if sign_key is not None:
         Signing(sign_key, client, ctx.engine(), ctx.matrix, ctx.docker_dir.parent, audited=audited,
-                sbom_dir=Path(a.report_dir) / "sbom", allow_stale_os=a.allow_stale_os).run(report, ctx.cells)
+                sbom_dir=Path(a.report_dir) / "sbom", allow_stale_os=a.allow_stale_os,
+                repro_dir=Path(a.repro_dir)).run(report, ctx.cells)
     jpath, mpath = write_report(report, Path(a.report_dir), secrets)
     if not a.json:
         _print_summary(report)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import tempfile
@@ -66,10 +65,10 @@ def run(ctx: Context) -> int:
     print(table(["", "manifest digest", "config digest", "time"], rows))
     print(f"SOURCE_DATE_EPOCH={verdict.epoch} (the Debian snapshot {verdict.snapshot}'s newest Release date)")
     report = {"cell": spec.name, "same": verdict.same, "against": a.against, "source_date_epoch": verdict.epoch,
-              "os_snapshot": verdict.snapshot, "differs": list(verdict.differs),
+              "os_snapshot": verdict.snapshot, "inputs": verdict.inputs, "differs": list(verdict.differs),
               "builds": [{"manifest": b.manifest_digest, "config": b.config_digest, "seconds": round(b.seconds, 1)}
                          for b in verdict.builds]}
-    (cfg.log_dir / f"{spec.name}.repro.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    repro.write_report(cfg.log_dir, spec.name, report)
     if verdict.same:
         print(f"{spec.name}: bit-identical ({verdict.builds[0].manifest_digest})")
         return 0

@@ -9,6 +9,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import ptmg_contract as contract
@@ -73,8 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", required=True, metavar="PUB", type=types.text,
                    help="the signer's public key (PEM, as `build.py keygen` writes PATH.pub; cosign.pub works too)")
     p.add_argument("--rebuild", action="store_true",
-                   help="then build the provenance's cell once from scratch and compare it with the published "
-                        "image file by file (not by digest: docs/supply-chain.md); needs the containerd image store")
+                   help="then build the provenance's cell once from scratch: its digest must be the reproducible "
+                        "digest the provenance signs (where `build.py repro` proved one), and the published image "
+                        "must match it file by file (docs/supply-chain.md); needs the containerd image store")
     p.add_argument("--log-dir", default=os.environ.get("PTMG_LOG_DIR", "build-logs"), type=types.text,
                    help="where --rebuild's build log goes (default build-logs/)")
 
@@ -99,38 +101,57 @@ def engine_rebuilder(ctx: Context) -> Rebuilder:
         log_path = cfg.log_dir / f"{spec.name}.verify-rebuild.log"
         log.info("%s: one build from scratch into %s (full log: %s)", spec.name, dest, log_path)
         with BuildProgress([spec.name]) as progress:
-            outcome, snap, _ = export_reproducible(engine, spec, cfg, dest, log_path, progress.line)
-        if not outcome.ok:
+            done = export_reproducible(engine, spec, cfg, dest, log_path, progress.line)
+        if not done.outcome.ok:
             raise StepFailed(f"{spec.name}: the rebuild failed\n" +
-                             failure_text(outcome.failed_step, outcome.tail, log_path))
-        return snap.key
+                             failure_text(done.outcome.failed_step, done.outcome.tail, log_path))
+        return done.snapshot.key
 
     return build
 
 
-def check_rebuilds(store: ClientStore, targets: Sequence[tuple[str, ImageSpec, str]], build: Rebuilder,
-                   workdir: Path) -> int:
-    """Each (platform digest, its cell, the Debian snapshot it records): rebuild the cell into ``workdir`` and
-    compare the published image with it file by file (builder/attest/rebuild.py). 0: every one matches."""
+@dataclass(frozen=True)
+class Target:
+    """One platform image to rebuild: its digest, its cell, the Debian snapshot it records, and the reproducible
+    digest its provenance signs (None: none signed)."""
+
+    digest: str
+    spec: ImageSpec
+    snapshot: str
+    reproducible: str | None = None
+
+
+def check_rebuilds(store: ClientStore, targets: Sequence[Target], build: Rebuilder, workdir: Path) -> int:
+    """Rebuild each target's cell into ``workdir``: its manifest digest must be the signed reproducible digest
+    (where one is signed), and the published image must match it file by file (builder/attest/rebuild.py).
+    0: every one matches."""
     status = 0
-    for digest, spec, snapshot in targets:
-        dest = workdir / spec.name
-        rebuilt_snapshot = build(spec, dest)
+    for t in targets:
+        dest = workdir / t.spec.name
+        rebuilt_snapshot = build(t.spec, dest)
         try:
             image = repro.read_layout(dest)
         except repro.LayoutError as exc:
-            raise StepFailed(f"verify --rebuild: {spec.name}: {exc}") from None
-        got = rebuild.compare(store, digest, image)
+            raise StepFailed(f"verify --rebuild: {t.spec.name}: {exc}") from None
+        same_digest, digest_line = rebuild.digest_verdict(image.manifest_digest, t.reproducible)
+        got = rebuild.compare(store, t.digest, image)
         shutil.rmtree(dest)  # gigabytes; the next platform's rebuild needs the room
-        if not got.same and rebuilt_snapshot != snapshot:
-            got.differs.insert(0, f"the Debian archive moved since {digest} was built (snapshot {snapshot}, the "
+        moved = rebuilt_snapshot != t.snapshot
+        if not got.same and moved:
+            got.differs.insert(0, f"the Debian archive moved since {t.digest} was built (snapshot {t.snapshot}, the "
                                   f"rebuild's {rebuilt_snapshot}): its packages can differ; a rebuild matches only "
                                   "while the archive holds the published snapshot")
         text = rebuild.summary(got, repro.shown(got.differs))
         if got.same:
-            print(f"{spec.name}: {text}")
+            print(f"{t.spec.name}: {text}")
         else:
-            log.error("%s: %s", spec.name, text)
+            log.error("%s: %s", t.spec.name, text)
+            status = 1
+        if same_digest:
+            print(f"{t.spec.name}: {digest_line}")
+        else:
+            log.error("%s: %s%s", t.spec.name, digest_line, f" (the Debian snapshot moved: {t.snapshot} then "
+                      f"{rebuilt_snapshot})" if moved else "")
             status = 1
     return status
 
@@ -160,7 +181,8 @@ def run(ctx: Context) -> int:
         return 0
     specs = {c.name: c for c in ctx.matrix.cells}
     reader = labels_reader(store)
-    targets = [(d, specs[cell], str((reader(d) or {}).get(contract.LABEL_OS_SNAPSHOT, "")))
+    targets = [Target(d, specs[cell], str((reader(d) or {}).get(contract.LABEL_OS_SNAPSHOT, "")),
+                      verified[d].reproducible.get(cell) or verified[remote.digest].reproducible.get(cell))
                for d in [d for _, d in remote.children] or [remote.digest] for cell in verified[d].cells]
     build = engine_rebuilder(ctx)
     work = ctx.root / ".build"
@@ -175,7 +197,9 @@ VERB = Verb("verify", "check a published image's signature and its signed proven
             "(sha256-<hex>.att) of the digest REF resolves to (and each platform of an index): signed by --key, "
             "about this digest, and made from this checkout's images.yaml cell and lock and the image's own "
             "Debian snapshot. Exit 1 with the reason otherwise. --rebuild then builds each platform's cell once "
-            "from scratch (as `repro --against`) and compares it with the published image layer by layer: every "
-            "file's path, type, mode, uid/gid, size, content and link target, and the config's Entrypoint, Cmd, "
-            "Env, User and WorkingDir; file times and digests are not compared (an image loaded into the engine "
-            "keeps its build's file times). Exit 1 naming the files that differ.")
+            "from scratch (as `repro --against`): its manifest digest must be the reproducible digest the provenance "
+            "signs, where publish signed one (`build.py repro` proved it for the same inputs), and it is compared "
+            "with the published image layer by layer: every file's path, type, mode, uid/gid, size, content and "
+            "link target, and the config's Entrypoint, Cmd, Env, User and WorkingDir; the published image's file "
+            "times and digests are not compared (an image loaded into the engine keeps its build's file times). "
+            "Exit 1 naming the digests or the files that differ.")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from builder.attest import rebuild
-from builder.cli.verbs.verify import check_rebuilds
+from builder.cli.verbs.verify import Target, check_rebuilds
 from builder.common.digests import digest_of
 from builder.imaging import repro
 from builder.matrix import ImageSpec
@@ -78,9 +78,10 @@ def _manifest(config: bytes, layers: Sequence[tuple[str, int]], media: str) -> b
                                    "digest": d} for d, size in layers]}).encode()
 
 
-def push(store: ClientStore, tag: str, layers: Sequence[bytes], config: dict[str, Any] | None = None) -> str:
+def push(store: ClientStore, tag: str, layers: Sequence[bytes], config: dict[str, Any] | None = None,
+         labels: dict[str, str] | None = None) -> str:
     """A published image: its layers as given, a config with labels and dates publish writes; its digest."""
-    labels = {"org.opencontainers.image.created": "2026-12-05T06:00:00Z"}
+    labels = {"org.opencontainers.image.created": "2026-12-05T06:00:00Z", **(labels or {})}
     blob = _config(layers, {**(config or CONFIG), "Labels": labels}, "2026-12-05T06:00:00Z")
     for data in [*layers, blob]:
         store.put_blob(data, digest_of(data))
@@ -255,13 +256,39 @@ def test_check_rebuilds_exits_0_on_a_match_and_1_naming_the_file(store: ClientSt
         write_layout(dest, [layer(f, EPOCH) for f in files])
         return SNAPSHOT
 
-    assert check_rebuilds(store, [(digest, spec, SNAPSHOT)], build, tmp_path / "a") == 0
+    assert check_rebuilds(store, [Target(digest, spec, SNAPSHOT)], build, tmp_path / "a") == 0
     out = capsys.readouterr().out
     assert f"{spec.name}: {digest}: the rebuild matches the published image: 2 layer(s)" in out
-    assert "file times are not compared" in out and "neither are the digests" in out
+    assert "file times are not compared" in out and "neither are the published image's digests" in out
+    assert f"{spec.name}: the rebuild's manifest digest is sha256:" in out
+    assert "the provenance signs no reproducible digest to compare it with" in out
     files = [BASE, {**VENV, "opt/venv/torch.py": (b"import math\n" * 49 + b"import maths\n", 0o644, 1000)}]
     with caplog.at_level(logging.ERROR):
-        assert check_rebuilds(store, [(digest, spec, "sha256:" + "ee" * 32)], build, tmp_path / "b") == 1
+        assert check_rebuilds(store, [Target(digest, spec, "sha256:" + "ee" * 32)], build, tmp_path / "b") == 1
     text = caplog.text
     assert "differs from the published image" in text and "/opt/venv/torch.py: size, content differ" in text
     assert f"the Debian archive moved since {digest} was built (snapshot sha256:eeee" in text
+
+
+def test_the_rebuilds_digest_must_be_the_reproducible_digest_the_provenance_signs(
+        store: ClientStore, tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Where the provenance signs `build.py repro`'s digest, the rebuild's manifest digest must be it byte for byte
+    (exit 0, "bit-identical"); another digest is exit 1 naming both, even when every file matches."""
+    digest = published(store, BASE, VENV)
+    spec: Any = FakeSpec()
+
+    def build(s: ImageSpec, dest: Path) -> str:
+        write_layout(dest, [layer(f, EPOCH) for f in (BASE, VENV)])
+        return SNAPSHOT
+
+    proven = write_layout(tmp_path / "what-repro-built", [layer(f, EPOCH) for f in (BASE, VENV)]).manifest_digest
+    assert check_rebuilds(store, [Target(digest, spec, SNAPSHOT, proven)], build, tmp_path / "a") == 0
+    out = capsys.readouterr().out
+    assert f"{spec.name}: the rebuild's manifest digest {proven} is the reproducible digest the provenance signs: " \
+           "bit-identical" in out
+    other = "sha256:" + "0f" * 32
+    with caplog.at_level(logging.ERROR):
+        assert check_rebuilds(store, [Target(digest, spec, SNAPSHOT, other)], build, tmp_path / "b") == 1
+    assert "the rebuild matches the published image: 2 layer(s)" in capsys.readouterr().out  # files: the same
+    assert f"{spec.name}: the rebuild's manifest digest {proven} is not the reproducible digest the provenance " \
+           f"signs ({other})" in caplog.text

@@ -10,6 +10,7 @@ replayed onto another digest, an unsigned envelope, a missing .att, a changed bl
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import os
@@ -336,3 +337,36 @@ def test_the_simple_signing_payload_is_cosigns_byte_for_byte() -> None:
     assert cosign_store.simple_signing_payload("127.0.0.1:5000/ns/pt", digest) == (
         b'{"critical":{"identity":{"docker-reference":"127.0.0.1:5000/ns/pt"},"image":{"docker-manifest-digest":"'
         + digest.encode() + b'"},"type":"cosign container image signature"},"optional":null}')
+
+
+def test_the_reproducible_digest_is_a_provenance_byproduct_that_verify_returns_for_its_cells_only() -> None:
+    """Pure: a cell with what repro proved gets one SLSA byproduct naming its reproducible manifest; a cell
+    without gets none (and no empty list); reading it back keeps only well-formed entries."""
+    digest = "sha256:" + "99" * 32
+    proven = {"manifest": "sha256:" + "ab" * 32, "config": "sha256:" + "cd" * 32, "source_date_epoch": 1796253223,
+              "os_snapshot": SNAPSHOT, "inputs": "sha256:" + "5e" * 32}
+    plain = statements.provenance([facts(digest)])
+    assert "byproducts" not in plain["runDetails"] and statements.reproducible_digests(plain) == {}
+    prov = statements.provenance([dataclasses.replace(facts(digest), reproducible=proven)])
+    [b] = prov["runDetails"]["byproducts"]
+    assert b["name"] == statements.REPRODUCIBLE and b["digest"] == {"sha256": "ab" * 32}
+    assert b["annotations"]["cell"] == CELL and b["annotations"]["inputsHash"] == proven["inputs"]
+    assert b["annotations"]["sourceDateEpoch"] == 1796253223 and b["mediaType"] == statements.OCI_MANIFEST
+    assert statements.reproducible_digests(prov) == {CELL: proven["manifest"]}
+    odd = {"runDetails": {"byproducts": [{"name": statements.REPRODUCIBLE, "digest": {"sha256": "1", "md5": "2"},
+                                          "annotations": {"cell": CELL}}, "text", {"name": "other"}]}}
+    assert statements.reproducible_digests(odd) == {} and statements.reproducible_digests({"runDetails": 3}) == {}
+
+
+def test_verify_returns_the_signed_reproducible_digest(repo: Any, keypair: Any) -> None:
+    _registry, store, ref = repo
+    key, pub = keypair
+    digest = push_image(store, "2.7.0-cuda12.6")
+    proven = {"manifest": "sha256:" + "ab" * 32, "config": "sha256:" + "cd" * 32, "source_date_epoch": 1,
+              "os_snapshot": SNAPSHOT, "inputs": "sha256:" + "5e" * 32}
+    cell = dataclasses.replace(facts(digest), reproducible=proven)
+    sign_digest(store, key, ref, digest, statements.for_digest(ref, digest, [cell]), [CELL])
+    got = verify(store, keys.load_public(pub), digest, checkout(store))
+    assert got.reproducible == {CELL: proven["manifest"]}
+    assert f"provenance signs {proven['manifest']} as the reproducible digest of {CELL} (what a cold rebuild " \
+           "gives)" in got.checks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import hashlib
 import io
@@ -345,3 +346,58 @@ def test_the_verb_takes_the_named_cell_or_the_one_selected_and_runs_again(
         repro_verb(verdict, None, capsys, cell="nope")
     code, out, _errors, _report = repro_verb(_verdict(A, expected=A), A, capsys)  # --against: one build
     assert code == 0 and out.splitlines()[-1] == f"{support.MID}: bit-identical ({A})"
+
+
+# --- the report publish signs: what repro proved, for which inputs -------------------------------------------
+INPUTS = "sha256:" + "1" * 64
+CELL = "2.7.0-cuda12.6-cudnn9-runtime"
+
+
+def test_the_verbs_report_records_the_inputs_and_leaves_no_temporary_file(repro_verb: Any,
+                                                                          capsys: pytest.CaptureFixture[str],
+                                                                          tmp_path: Path) -> None:
+    verdict = dataclasses.replace(_verdict(A, A), inputs=INPUTS)
+    code, _out, _errors, report = repro_verb(verdict, None, capsys)
+    assert code == 0 and report["inputs"] == INPUTS
+    folder = tmp_path / "logs" / "nested"
+    assert sorted(p.name for p in folder.iterdir()) == [f"{CELL}.repro.json"]
+    got = repro.proven_digest(folder, CELL, INPUTS)
+    assert got == repro.Proven(A, "sha256:c", 1700000000, "20250101T000000Z", INPUTS)
+
+
+def _report(folder: Path, **change: Any) -> None:
+    data = {"cell": CELL, "same": True, "against": None, "source_date_epoch": 1700000000, "os_snapshot": "s",
+            "inputs": INPUTS, "differs": [], "builds": [{"manifest": A, "config": B, "seconds": 1.0}] * 2, **change}
+    repro.write_report(folder, CELL, {k: v for k, v in data.items() if v is not ...})
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"same": False, "builds": [{"manifest": A, "config": B}, {"manifest": B, "config": B}]},
+     "its builds differed (not bit-identical), so no digest was proven"),
+    ({"inputs": "sha256:" + "2" * 64}, f"was made from other inputs (sha256:{'2' * 64}) than the image ({INPUTS})"),
+    ({"inputs": ...}, "records no inputs hash (an older build.py wrote it)"),
+    ({"cell": "other"}, f"is the report of cell 'other', not {CELL}"),
+    ({"builds": []}, "is not a repro report: list index out of range"),
+    ({"same": "yes"}, "its builds differed"),
+])
+def test_a_report_proves_a_digest_only_for_bit_identical_builds_of_the_same_inputs(tmp_path: Path, change: Any,
+                                                                                   why: str) -> None:
+    _report(tmp_path)
+    assert isinstance(repro.proven_digest(tmp_path, CELL, INPUTS), repro.Proven)
+    _report(tmp_path, **change)
+    got = repro.proven_digest(tmp_path, CELL, INPUTS)
+    assert isinstance(got, str) and why in got and str(tmp_path / f"{CELL}.repro.json") in got, got
+
+
+def test_a_missing_unreadable_or_huge_report_is_one_line(tmp_path: Path) -> None:
+    got = repro.proven_digest(tmp_path, CELL, INPUTS)
+    assert got == f"no repro report ({tmp_path}/{CELL}.repro.json; `build.py repro {CELL}` writes it)"
+    path = repro.report_path(tmp_path, CELL)
+    path.write_text("{not json")
+    assert "is not a repro report: Expecting property name" in str(repro.proven_digest(tmp_path, CELL, INPUTS))
+    with path.open("wb") as fh:  # never read whole
+        fh.write(b" " * (repro.REPORT_LIMIT + 10))
+    assert str(repro.proven_digest(tmp_path, CELL, INPUTS)).endswith(f"over {repro.REPORT_LIMIT} bytes")
+    path.unlink()
+    path.mkdir()
+    assert "cannot be read: Is a directory" in str(repro.proven_digest(tmp_path, CELL, INPUTS))

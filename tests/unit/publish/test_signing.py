@@ -7,13 +7,19 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ptmg_contract as contract
 from builder.attest import keys, statements
+from builder.cli.main import main
+from builder.cli.verbs import verify as verify_verb
+from builder.imaging import repro
 from builder.matrix import Matrix
 from builder.publish.address import parse_registry
 from builder.publish.client import RegistryClient
@@ -21,9 +27,11 @@ from builder.publish.report import PUSHED, CellReport, Report, TagResult, report
 from builder.publish.signing import ClientStore, Signing
 from tests.docker.registry import LocalRegistry
 from tests.support import build_py, small_matrix
+from tests.unit.attest.test_rebuild import BASE, BUILT_AT, EPOCH, VENV, layer, push, write_layout
 from tests.unit.attest.test_verify import SNAPSHOT, push_image
 
 SUITES = "bookworm@2026-07-11T10:16:37Z bookworm-security@2026-12-02T23:13:43Z"
+INPUTS = "sha256:" + "5e" * 32  # the image's inputs-hash label
 
 
 class FakeEngine:
@@ -61,7 +69,7 @@ class Published:
         self.key = keys.load_private(priv)
         self.engine = FakeEngine({contract.LABEL_CELL: self.spec.name, contract.LABEL_OS_SNAPSHOT: SNAPSHOT,
                                   contract.LABEL_OS_SUITES: SUITES, contract.OCI_REVISION: "c9a65d3-dirty",
-                                  contract.LABEL_BUILDER: "buildkit"})
+                                  contract.LABEL_BUILDER: "buildkit", contract.LABEL_INPUTS_HASH: INPUTS})
 
     def engine_for(self, cells: dict[str, str]) -> FakeEngine:
         """An engine whose image ``sha256:11…`` is the first cell's, ``sha256:33…`` the second's."""
@@ -74,10 +82,10 @@ class Published:
         cell = CellReport(self.spec.name, self.spec.ref, "sha256:" + "11" * 32, smoke={"status": "passed"}, tags=[tag])
         return Report(str(self.client.registry), self.ref, "2026-12-05T06:00:00Z", cells=[cell], ok=True)
 
-    def sign(self) -> Report:
+    def sign(self, repro_dir: Path | None = None) -> Report:
         report = self.report()
         Signing(self.key, self.client, self.engine, self.matrix, self.root, audited={}, sbom_dir=self.root / "sbom",
-                allow_stale_os=False).run(report, [self.spec])
+                allow_stale_os=False, repro_dir=repro_dir).run(report, [self.spec])
         return report
 
     def verify(self, *extra: str, key: Path | None = None) -> Any:
@@ -197,3 +205,56 @@ def test_verify_rebuild_checks_the_signatures_before_any_build(tmp_path: Path, r
     ok = w.verify("--rebuild")
     assert f"{w.digest} ({w.spec.name}): verified" in ok.stdout and "OK, 1 digest(s)" in ok.stdout, ok.stdout
     assert ok.returncode == 1 and "no Docker engine answers" in ok.stderr, ok.stderr
+
+
+def _repro_report(folder: Path, cell: str, image: Any, inputs: str = INPUTS, same: bool = True) -> None:
+    """`build.py repro CELL`'s report, as its verb writes it, for the OCI layout ``image``."""
+    build = {"manifest": image.manifest_digest, "config": image.config_digest, "seconds": 300.0}
+    repro.write_report(folder, cell, {"cell": cell, "same": same, "against": None, "source_date_epoch": EPOCH,
+                                      "os_snapshot": SNAPSHOT, "inputs": inputs, "differs": [], "builds": [build] * 2})
+
+
+def test_verify_rebuild_compares_the_rebuilds_digest_with_the_one_repro_proved_and_publish_signed(
+        tmp_path: Path, registry: LocalRegistry, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """publish's signing finds `build.py repro`'s report for the pushed image's inputs and signs its digest (the
+    report lists it); a report for other inputs, or of builds that differed, is not signed. Then `build.py verify
+    REF --key PUB --rebuild` exactly as typed (in process: only the engine's build is replaced, by one that writes
+    a real OCI layout): exit 0 when the rebuild has the signed digest and every file matches the published image,
+    exit 1 naming both digests when it has another."""
+    w = Published(tmp_path, registry)
+    w.digest = push(w.store, w.spec.tag, [layer(f, BUILT_AT) for f in (BASE, VENV)],
+                    labels={contract.LABEL_CELL: w.spec.name, contract.LABEL_OS_SNAPSHOT: SNAPSHOT})
+    proven = write_layout(tmp_path / "what-repro-built", [layer(f, EPOCH) for f in (BASE, VENV)])
+    logs = tmp_path / "build-logs"
+    logs.mkdir()
+    for stale in ({"inputs": "sha256:" + "77" * 32}, {"same": False}):
+        _repro_report(logs, w.spec.name, proven, **stale)
+        assert w.sign(repro_dir=logs).signed[0]["reproducible"] == {}
+    _repro_report(logs, w.spec.name, proven)
+    report = w.sign(repro_dir=logs)
+    assert report.signed[0]["reproducible"] == {w.spec.name: proven.manifest_digest}
+    assert report.signed[0]["att_status"] == "signed"  # the provenance changed: signed again
+    assert report_markdown(report).count(f"| `{proven.manifest_digest}` |") == 1
+
+    files = [BASE, VENV]
+
+    def rebuilder(ctx: Any) -> Any:
+        def build(spec: Any, dest: Path) -> str:
+            write_layout(dest, [layer(f, EPOCH) for f in files])
+            return SNAPSHOT
+        return build
+
+    monkeypatch.setattr(verify_verb, "engine_rebuilder", rebuilder)
+    argv = ["verify", f"{w.ref}:{w.spec.tag}", "--key", str(w.pub), "--rebuild", "--config",
+            str(tmp_path / "images.yaml"), "--log-dir", str(logs)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"provenance signs {proven.manifest_digest} as the reproducible digest of {w.spec.name}" in out, out
+    assert f"{w.spec.name}: the rebuild's manifest digest {proven.manifest_digest} is the reproducible digest the " \
+           "provenance signs: bit-identical" in out, out
+    files = [BASE, {**VENV, "opt/venv/torch.py": (b"import maths\n", 0o644, 1000)}]
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 1
+    assert "/opt/venv/torch.py: size, content differ" in caplog.text
+    assert f"is not the reproducible digest the provenance signs ({proven.manifest_digest})" in caplog.text
