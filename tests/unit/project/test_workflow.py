@@ -540,3 +540,30 @@ def test_each_cell_runs_only_on_gpu_runners_it_supports(wf: dict[str, Any], tmp_
                      (LATEST, "ptmg-sm90")}
     publish = _runs(wf["jobs"]["publish"])
     assert publish.index("build.py doctor") < publish.index("build.py test --require-gpu")
+
+
+def test_publish_can_prove_each_native_cell_reproducible_before_it_signs(wf: dict[str, Any]) -> None:
+    """Opt-in (vars.PTMG_PUBLISH_REPRO == '1'): after the GPU smoke gate and before the signed publish, `build.py
+    repro` for each native cell, with no secret in reach; its reports are kept with publish's. The step's own cell
+    list, run as written (the shell line, on the real images.yaml), names exactly the cells of this host's
+    platform."""
+    job = wf["jobs"]["publish"]
+    steps = _steps(job)
+    (step,) = [s for s in steps if "build.py repro" in str(s.get("run", ""))]
+    assert step["if"] == "vars.PTMG_PUBLISH_REPRO == '1'" and "env" not in step
+    names = [str(s.get("run", "")) for s in steps]
+    gate = next(i for i, r in enumerate(names) if "build.py test --require-gpu" in r)
+    publish = next(i for i, r in enumerate(names) if "make publish" in r)
+    assert gate < steps.index(step) < publish
+    (upload,) = [s for s in steps if s.get("with", {}).get("name") == "publish-report"]
+    assert "build-logs/*.repro.json" in upload["with"]["path"].split()
+    listing = next(line for line in step["run"].splitlines() if line.strip().startswith("cells=$("))
+    script = listing.strip()[len("cells=$("):-1] + "\n"
+    got = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert got.returncode == 0, got.stderr
+    from builder.matrix.model import native_platform
+
+    matrix = json.loads(subprocess.run([sys.executable, "build.py", "matrix", "--json"], cwd=ROOT, capture_output=True,
+                                       text=True, timeout=120, check=True).stdout)
+    want = [c["name"] for c in matrix if c["platform"] == native_platform()]
+    assert got.stdout.split() == want and len(want) >= 5, (got.stdout, want)
