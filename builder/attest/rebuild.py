@@ -158,15 +158,18 @@ def summary(c: Comparison, shown: Sequence[str]) -> str:
     return "\n".join([head, *shown])
 
 
-def digest_verdict(rebuilt: str, signed: str | None) -> tuple[bool, str]:
+def digest_verdict(rebuilt: str, signed: str | None, required: bool = False) -> tuple[bool, str]:
     """(the same?, the line) for the rebuild's manifest digest against the reproducible digest the provenance
-    signed (``build.py repro``'s, for the same inputs); no digest signed is no verdict, said so."""
+    signed (``build.py repro``'s, for the same inputs); no digest signed is no verdict, said so, unless one is
+    ``required`` (``--require-reproducible``)."""
     if signed is None:
-        return True, (f"the rebuild's manifest digest is {rebuilt}; the provenance signs no reproducible digest to "
-                      "compare it with (publish signs one where `build.py repro` proved it for the image's inputs: "
-                      "docs/supply-chain.md), so only the files are compared")
+        return not required, (f"the rebuild's manifest digest is {rebuilt}; the provenance signs no reproducible "
+                              "digest to compare it with (publish signs one where `build.py repro` proved it for the "
+                              "image's inputs: docs/supply-chain.md), so "
+                              + ("--require-reproducible refuses it" if required else "only the files are compared"))
     if rebuilt == signed:
         return True, (f"the rebuild's manifest digest {rebuilt} is the reproducible digest the provenance signs: "
                       "bit-identical")
     return False, (f"the rebuild's manifest digest {rebuilt} is not the reproducible digest the provenance signs "
-                   f"({signed}): this checkout, base or Debian snapshot does not build what the signer built")
+                   f"({signed}): this checkout, base image, Debian snapshot or BuildKit does not build what the "
+                   "signer's `build.py repro` built")

@@ -97,7 +97,7 @@ def _cell_parameters(c: CellFacts) -> dict[str, Any]:
             "base": c.base}
 
 
-#: The name of the byproduct that carries a cell's reproducible OCI manifest digest.
+#: The name of the byproduct that carries a cell's reproducible OCI manifest digest (``<this>/<cell>``).
 REPRODUCIBLE = "reproducible-oci-image"
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 
@@ -110,12 +110,13 @@ def _byproducts(cells: Sequence[CellFacts]) -> list[dict[str, Any]]:
         if not r:
             continue
         algo, _, hexdigest = str(r["manifest"]).partition(":")
-        out.append({"name": REPRODUCIBLE, "digest": {algo: hexdigest}, "mediaType": OCI_MANIFEST,
+        out.append({"name": f"{REPRODUCIBLE}/{c.cell}", "digest": {algo: hexdigest}, "mediaType": OCI_MANIFEST,
                     "annotations": {"cell": c.cell, "platform": c.platform, "config": str(r["config"]),
                                     "sourceDateEpoch": int(r["source_date_epoch"]),
                                     "osSnapshot": str(r["os_snapshot"]), "inputsHash": str(r["inputs"]),
-                                    "how": "build.py repro: uncached builds exported as OCI layouts with "
-                                           "rewrite-timestamp, every one the same digest"}})
+                                    "how": "a separate build.py repro run of the same inputs (the image's inputs "
+                                           "hash): uncached builds exported as OCI layouts with rewrite-timestamp, "
+                                           "two with one digest, or one with the digest --against named"}})
     return out
 
 
@@ -127,10 +128,10 @@ def reproducible_digests(predicate: Mapping[str, Any]) -> dict[str, str]:
     except (KeyError, TypeError, AttributeError):
         return found
     for b in items if isinstance(items, list) else []:
-        if not isinstance(b, dict) or b.get("name") != REPRODUCIBLE:
+        if not isinstance(b, dict) or not isinstance(b.get("annotations"), dict):
             continue
-        digest, cell = b.get("digest"), (b.get("annotations") or {}).get("cell")
-        if isinstance(digest, dict) and len(digest) == 1 and isinstance(cell, str):
+        digest, cell = b.get("digest"), b["annotations"].get("cell")
+        if b.get("name") == f"{REPRODUCIBLE}/{cell}" and isinstance(digest, dict) and len(digest) == 1:
             ((algo, value),) = digest.items()
             found[cell] = f"{algo}:{value}"
     return found

@@ -21,6 +21,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -37,6 +38,8 @@ from builder.imaging.orchestrate import BuildConfig, export_reproducible, failur
 from builder.matrix import ImageSpec
 
 FEATURE = "rewrite-timestamp (bit-identical layers)"
+#: A digest as the exporter writes it.
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 #: How many differing files a report names (the rest are counted).
 SHOWN = 40
 NO_BUILDX = ("build.py repro needs the buildx CLI (an OCI export with rewrite-timestamp), and {have}. Fix: Docker "
@@ -223,6 +226,9 @@ def reproduce(engine: Engine, spec: ImageSpec, cfg: BuildConfig, workdir: Path, 
         if snapshot and snap.key != snapshot:
             raise StepFailed(f"{spec.name}: Debian published updates between the two builds (snapshot {snapshot} "
                              f"then {snap.key}); run it again")
+        if inputs and done.inputs != inputs:
+            raise StepFailed(f"{spec.name}: the inputs changed between the two builds ({inputs} then {done.inputs}: "
+                             "an edit, a new lock or a new base while it ran); run it again")
         snapshot, inputs = snap.key, done.inputs
         try:
             image = read_layout(dest)
@@ -274,9 +280,40 @@ class Proven:
     inputs: str
 
 
+class _NoInputs(ValueError):
+    """A report from before repro recorded the inputs hash."""
+
+
+def _report_fields(raw: bytes) -> tuple[str, bool, Proven, list[str], str | None]:
+    """(cell, same, what the first build gave, every build's manifest digest, --against) of a report's bytes;
+    ValueError naming the first thing that is not as ``build.py repro`` writes it."""
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    builds = data.get("builds")
+    if not isinstance(builds, list) or not builds or not all(isinstance(b, dict) for b in builds):
+        raise ValueError("no builds")
+    if not data.get("inputs"):
+        raise _NoInputs
+    manifests, config, against = [b.get("manifest") for b in builds], builds[0].get("config"), data.get("against")
+    named = [("a build's manifest", m) for m in manifests] + [("the config", config), ("inputs", data.get("inputs"))]
+    for what, value in named + ([("against", against)] if against is not None else []):
+        if not isinstance(value, str) or not DIGEST.fullmatch(value):
+            raise ValueError(f"{what} {value!r} is not sha256: and 64 lowercase hex digits")
+    epoch, snapshot, cell = data.get("source_date_epoch"), data.get("os_snapshot"), data.get("cell")
+    if type(epoch) is not int or epoch < 0:
+        raise ValueError(f"source_date_epoch {epoch!r} is not a whole number of seconds")
+    if not isinstance(snapshot, str) or not isinstance(cell, str):
+        raise ValueError("its cell and os_snapshot are not strings")
+    proven = Proven(str(manifests[0]), str(config), epoch, snapshot, str(data["inputs"]))
+    return cell, data.get("same") is True, proven, [str(m) for m in manifests], against
+
+
 def proven_digest(folder: Path, cell: str, inputs: str) -> Proven | str:
     """The bit-identical digest the repro report of ``cell`` in ``folder`` proved for the inputs hash
-    ``inputs`` (the image's LABEL_INPUTS_HASH), or one line saying why there is none to sign."""
+    ``inputs`` (the image's LABEL_INPUTS_HASH), or one line saying why there is none to sign. Nothing in the
+    report is taken on trust: every digest is checked for its form, and every build must have given the same
+    manifest (and ``--against``'s, where it was given)."""
     path = report_path(folder, cell)
     try:
         with path.open("rb") as fh:
@@ -285,22 +322,18 @@ def proven_digest(folder: Path, cell: str, inputs: str) -> Proven | str:
         return f"no repro report ({path}; `build.py repro {cell}` writes it)"
     except OSError as exc:
         return f"{path} cannot be read: {exc.strerror or exc}"
+    if len(raw) > REPORT_LIMIT:
+        return f"{path} is not a repro report: over {REPORT_LIMIT} bytes"
     try:
-        if len(raw) > REPORT_LIMIT:
-            raise ValueError(f"over {REPORT_LIMIT} bytes")
-        data = json.loads(raw)
-        builds = data["builds"]
-        proven = Proven(str(builds[0]["manifest"]), str(builds[0]["config"]), int(data["source_date_epoch"]),
-                        str(data["os_snapshot"]), str(data.get("inputs") or ""))
-        same, named = data["same"] is True, data["cell"]
-    except (ValueError, KeyError, IndexError, TypeError) as exc:
-        return f"{path} is not a repro report: {exc}"
+        named, same, proven, manifests, against = _report_fields(raw)
+    except _NoInputs:
+        return f"{path} records no inputs hash (an older build.py wrote it); run `build.py repro {cell}` again"
+    except (ValueError, RecursionError) as exc:
+        return f"{path} is not a repro report: {str(exc)[:200]}"
     if named != cell:
         return f"{path} is the report of cell {named!r}, not {cell}"
-    if not same:
+    if not same or len(set(manifests)) != 1 or (against is not None and against != proven.manifest):
         return f"{path}: its builds differed (not bit-identical), so no digest was proven"
-    if not proven.inputs:
-        return f"{path} records no inputs hash (an older build.py wrote it); run `build.py repro {cell}` again"
     if proven.inputs != inputs:
         return (f"{path} was made from other inputs ({proven.inputs}) than the image ({inputs or 'no inputs label'}): "
                 f"the Dockerfile, our files, the lock, the base or the Debian snapshot changed since; run "

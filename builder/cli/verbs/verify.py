@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="then build the provenance's cell once from scratch: its digest must be the reproducible "
                         "digest the provenance signs (where `build.py repro` proved one), and the published image "
                         "must match it file by file (docs/supply-chain.md); needs the containerd image store")
+    p.add_argument("--require-reproducible", action="store_true",
+                   help="with --rebuild: exit 1 for an image whose provenance signs no reproducible digest (an "
+                        "older attestation, or a publish without `build.py repro`'s report), instead of comparing "
+                        "its files only")
     p.add_argument("--log-dir", default=os.environ.get("PTMG_LOG_DIR", "build-logs"), type=types.text,
                    help="where --rebuild's build log goes (default build-logs/)")
 
@@ -121,7 +125,8 @@ class Target:
     reproducible: str | None = None
 
 
-def check_rebuilds(store: ClientStore, targets: Sequence[Target], build: Rebuilder, workdir: Path) -> int:
+def check_rebuilds(store: ClientStore, targets: Sequence[Target], build: Rebuilder, workdir: Path,
+                   require_reproducible: bool = False) -> int:
     """Rebuild each target's cell into ``workdir``: its manifest digest must be the signed reproducible digest
     (where one is signed), and the published image must match it file by file (builder/attest/rebuild.py).
     0: every one matches."""
@@ -133,7 +138,7 @@ def check_rebuilds(store: ClientStore, targets: Sequence[Target], build: Rebuild
             image = repro.read_layout(dest)
         except repro.LayoutError as exc:
             raise StepFailed(f"verify --rebuild: {t.spec.name}: {exc}") from None
-        same_digest, digest_line = rebuild.digest_verdict(image.manifest_digest, t.reproducible)
+        same_digest, digest_line = rebuild.digest_verdict(image.manifest_digest, t.reproducible, require_reproducible)
         got = rebuild.compare(store, t.digest, image)
         shutil.rmtree(dest)  # gigabytes; the next platform's rebuild needs the room
         moved = rebuilt_snapshot != t.snapshot
@@ -188,7 +193,7 @@ def run(ctx: Context) -> int:
     work = ctx.root / ".build"
     work.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="verify-rebuild-", dir=work) as tmp:
-        return check_rebuilds(store, targets, build, Path(tmp))
+        return check_rebuilds(store, targets, build, Path(tmp), ctx.args.require_reproducible)
 
 
 VERB = Verb("verify", "check a published image's signature and its signed provenance, SBOM and gate attestations",

@@ -292,3 +292,9 @@ def test_the_rebuilds_digest_must_be_the_reproducible_digest_the_provenance_sign
     assert "the rebuild matches the published image: 2 layer(s)" in capsys.readouterr().out  # files: the same
     assert f"{spec.name}: the rebuild's manifest digest {proven} is not the reproducible digest the provenance " \
            f"signs ({other})" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):  # none signed: only the files, unless one is required
+        assert check_rebuilds(store, [Target(digest, spec, SNAPSHOT)], build, tmp_path / "c") == 0
+        assert check_rebuilds(store, [Target(digest, spec, SNAPSHOT)], build, tmp_path / "d", True) == 1
+    assert "signs no reproducible digest to compare it with" in caplog.text and \
+           "so --require-reproducible refuses it" in caplog.text

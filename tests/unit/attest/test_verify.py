@@ -349,12 +349,14 @@ def test_the_reproducible_digest_is_a_provenance_byproduct_that_verify_returns_f
     assert "byproducts" not in plain["runDetails"] and statements.reproducible_digests(plain) == {}
     prov = statements.provenance([dataclasses.replace(facts(digest), reproducible=proven)])
     [b] = prov["runDetails"]["byproducts"]
-    assert b["name"] == statements.REPRODUCIBLE and b["digest"] == {"sha256": "ab" * 32}
+    assert b["name"] == f"{statements.REPRODUCIBLE}/{CELL}" and b["digest"] == {"sha256": "ab" * 32}
     assert b["annotations"]["cell"] == CELL and b["annotations"]["inputsHash"] == proven["inputs"]
     assert b["annotations"]["sourceDateEpoch"] == 1796253223 and b["mediaType"] == statements.OCI_MANIFEST
     assert statements.reproducible_digests(prov) == {CELL: proven["manifest"]}
-    odd = {"runDetails": {"byproducts": [{"name": statements.REPRODUCIBLE, "digest": {"sha256": "1", "md5": "2"},
-                                          "annotations": {"cell": CELL}}, "text", {"name": "other"}]}}
+    odd = {"runDetails": {"byproducts": [
+        {"name": f"{statements.REPRODUCIBLE}/{CELL}", "digest": {"sha256": "1", "md5": "2"}, "annotations": {"cell": CELL}},
+        {"name": f"{statements.REPRODUCIBLE}/other", "digest": {"sha256": "1"}, "annotations": {"cell": CELL}},
+        "text", {"name": "other"}, {"annotations": "x"}]}}
     assert statements.reproducible_digests(odd) == {} and statements.reproducible_digests({"runDetails": 3}) == {}
 
 

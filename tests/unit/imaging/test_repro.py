@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gzip
 import hashlib
 import io
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 
 from builder.cli.verbs.repro import digest
+from builder.common.errors import StepFailed
 from builder.engine import buildkit
 from builder.engine.capabilities import CLASSIC, CONTAINERD, Store
 from builder.imaging import repro
@@ -356,13 +356,13 @@ CELL = "2.7.0-cuda12.6-cudnn9-runtime"
 def test_the_verbs_report_records_the_inputs_and_leaves_no_temporary_file(repro_verb: Any,
                                                                           capsys: pytest.CaptureFixture[str],
                                                                           tmp_path: Path) -> None:
-    verdict = dataclasses.replace(_verdict(A, A), inputs=INPUTS)
+    verdict = repro.Verdict((repro.Build(A, B, 60.0),) * 2, None, 1700000000, "20250101T000000Z", (), INPUTS)
     code, _out, _errors, report = repro_verb(verdict, None, capsys)
     assert code == 0 and report["inputs"] == INPUTS
     folder = tmp_path / "logs" / "nested"
     assert sorted(p.name for p in folder.iterdir()) == [f"{CELL}.repro.json"]
     got = repro.proven_digest(folder, CELL, INPUTS)
-    assert got == repro.Proven(A, "sha256:c", 1700000000, "20250101T000000Z", INPUTS)
+    assert got == repro.Proven(A, B, 1700000000, "20250101T000000Z", INPUTS)
 
 
 def _report(folder: Path, **change: Any) -> None:
@@ -377,8 +377,17 @@ def _report(folder: Path, **change: Any) -> None:
     ({"inputs": "sha256:" + "2" * 64}, f"was made from other inputs (sha256:{'2' * 64}) than the image ({INPUTS})"),
     ({"inputs": ...}, "records no inputs hash (an older build.py wrote it)"),
     ({"cell": "other"}, f"is the report of cell 'other', not {CELL}"),
-    ({"builds": []}, "is not a repro report: list index out of range"),
+    ({"builds": []}, "is not a repro report: no builds"),
     ({"same": "yes"}, "its builds differed"),
+    # nothing in the report is taken on trust: every build the same digest, every digest of its form
+    ({"builds": [{"manifest": A, "config": B}, {"manifest": B, "config": B}]}, "its builds differed"),
+    ({"against": B}, "its builds differed"),
+    ({"builds": [{"manifest": "nonsense", "config": B}]}, "a build's manifest 'nonsense' is not sha256: and 64"),
+    ({"builds": [{"manifest": A, "config": None}]}, "the config None is not sha256: and 64 lowercase hex digits"),
+    ({"source_date_epoch": True}, "source_date_epoch True is not a whole number of seconds"),
+    ({"source_date_epoch": -1}, "source_date_epoch -1 is not a whole number of seconds"),
+    ({"inputs": "sha256:" + "1" * 63}, "inputs 'sha256:111"),
+    ({"os_snapshot": 7}, "its cell and os_snapshot are not strings"),
 ])
 def test_a_report_proves_a_digest_only_for_bit_identical_builds_of_the_same_inputs(tmp_path: Path, change: Any,
                                                                                    why: str) -> None:
@@ -398,6 +407,38 @@ def test_a_missing_unreadable_or_huge_report_is_one_line(tmp_path: Path) -> None
     with path.open("wb") as fh:  # never read whole
         fh.write(b" " * (repro.REPORT_LIMIT + 10))
     assert str(repro.proven_digest(tmp_path, CELL, INPUTS)).endswith(f"over {repro.REPORT_LIMIT} bytes")
+    for text in (f'{{"cell": "{CELL}", "inputs": "{INPUTS}", "builds": [{{"manifest": "{A}", "config": "{B}"}}], '
+                 '"source_date_epoch": Infinity, "os_snapshot": "s", "same": true}',  # Python's json takes Infinity
+                 '{"inputs": 1, "x": ' + "[" * 100_000 + "]" * 100_000 + "}",  # deeper than Python's recursion limit
+                 "[]", "\udcff"):
+        path.write_text(text, errors="surrogateescape")
+        got = repro.proven_digest(tmp_path, CELL, INPUTS)
+        assert isinstance(got, str) and "is not a repro report: " in got and len(got) < 400 + len(str(path)), got
     path.unlink()
     path.mkdir()
     assert "cannot be read: Is a directory" in str(repro.proven_digest(tmp_path, CELL, INPUTS))
+
+
+def test_inputs_that_change_between_the_two_builds_stop_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's inputs hash is the one both builds had: a run whose inputs changed between them (an edit, a
+    new lock, a new base) stops in one line, like a Debian snapshot that moved; equal inputs give a verdict."""
+    from builder.engine.model import BuildOutcome
+    from builder.imaging.orchestrate import Export
+
+    seen: list[str] = []
+
+    def export(engine: Any, spec: Any, cfg: Any, dest: Path, log_path: Path, on_line: Any) -> Export:
+        seen.append(str(dest))
+        _layout(dest, [BASE, OURS])
+        return Export(BuildOutcome(True, None, "buildkit"), Snapshot("s"), 1700000000, inputs.pop(0))
+
+    monkeypatch.setattr(repro, "export_reproducible", export)
+    spec = SimpleNamespace(name=CELL)
+    cfg = SimpleNamespace(log_dir=tmp_path / "logs")
+    inputs = [INPUTS, INPUTS]
+    verdict = repro.reproduce(None, spec, cfg, tmp_path / "one", None, lambda *a: None)  # type: ignore[arg-type]
+    assert verdict.same and verdict.inputs == INPUTS and len(seen) == 2
+    inputs = [INPUTS, "sha256:" + "2" * 64]
+    with pytest.raises(StepFailed, match=rf"^{CELL}: the inputs changed between the two builds \({INPUTS} then "
+                                         r"sha256:2{64}: an edit, a new lock or a new base while it ran\); run it again$"):
+        repro.reproduce(None, spec, cfg, tmp_path / "two", None, lambda *a: None)  # type: ignore[arg-type]

@@ -237,11 +237,11 @@ def test_verify_rebuild_compares_the_rebuilds_digest_with_the_one_repro_proved_a
     assert report.signed[0]["att_status"] == "signed"  # the provenance changed: signed again
     assert report_markdown(report).count(f"| `{proven.manifest_digest}` |") == 1
 
-    files = [BASE, VENV]
+    files, compress = [BASE, VENV], True
 
     def rebuilder(ctx: Any) -> Any:
         def build(spec: Any, dest: Path) -> str:
-            write_layout(dest, [layer(f, EPOCH) for f in files])
+            write_layout(dest, [layer(f, EPOCH, compress) for f in files])
             return SNAPSHOT
         return build
 
@@ -253,8 +253,16 @@ def test_verify_rebuild_compares_the_rebuilds_digest_with_the_one_repro_proved_a
     assert f"provenance signs {proven.manifest_digest} as the reproducible digest of {w.spec.name}" in out, out
     assert f"{w.spec.name}: the rebuild's manifest digest {proven.manifest_digest} is the reproducible digest the " \
            "provenance signs: bit-identical" in out, out
-    files = [BASE, {**VENV, "opt/venv/torch.py": (b"import maths\n", 0o644, 1000)}]
+    compress = False  # the same files, other blobs: the digest alone tells them apart
+    with caplog.at_level(logging.ERROR):
+        assert main(argv) == 1
+    assert "differs from the published image" not in caplog.text and "the rebuild matches the published image" in \
+        capsys.readouterr().out
+    other = write_layout(tmp_path / "uncompressed", [layer(f, EPOCH, compress=False) for f in files]).manifest_digest
+    assert f"the rebuild's manifest digest {other} is not the reproducible digest the provenance signs " \
+           f"({proven.manifest_digest})" in caplog.text
+    caplog.clear()
+    compress, files = True, [BASE, {**VENV, "opt/venv/torch.py": (b"import maths\n", 0o644, 1000)}]
     with caplog.at_level(logging.ERROR):
         assert main(argv) == 1
     assert "/opt/venv/torch.py: size, content differ" in caplog.text
-    assert f"is not the reproducible digest the provenance signs ({proven.manifest_digest})" in caplog.text
