@@ -114,6 +114,7 @@ def _byproducts(cells: Sequence[CellFacts]) -> list[dict[str, Any]]:
                     "annotations": {"cell": c.cell, "platform": c.platform, "config": str(r["config"]),
                                     "sourceDateEpoch": int(r["source_date_epoch"]),
                                     "osSnapshot": str(r["os_snapshot"]), "inputsHash": str(r["inputs"]),
+                                    "buildx": str(r.get("buildx") or ""), "buildkit": str(r.get("buildkit") or ""),
                                     "how": "a separate build.py repro run of the same inputs (the image's inputs "
                                            "hash): uncached builds exported as OCI layouts with rewrite-timestamp, "
                                            "two with one digest, or one with the digest --against named"}})

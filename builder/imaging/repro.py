@@ -278,6 +278,8 @@ class Proven:
     source_date_epoch: int
     os_snapshot: str
     inputs: str
+    buildx: str = ""  # the buildx and BuildKit that built it ("" when the report does not say)
+    buildkit: str = ""
 
 
 class _NoInputs(ValueError):
@@ -305,7 +307,8 @@ def _report_fields(raw: bytes) -> tuple[str, bool, Proven, list[str], str | None
         raise ValueError(f"source_date_epoch {epoch!r} is not a whole number of seconds")
     if not isinstance(snapshot, str) or not isinstance(cell, str):
         raise ValueError("its cell and os_snapshot are not strings")
-    proven = Proven(str(manifests[0]), str(config), epoch, snapshot, str(data["inputs"]))
+    tools = [str(data.get(k) or "")[:100] for k in ("buildx", "buildkit")]
+    proven = Proven(str(manifests[0]), str(config), epoch, snapshot, str(data["inputs"]), *tools)
     return cell, data.get("same") is True, proven, [str(m) for m in manifests], against
 
 

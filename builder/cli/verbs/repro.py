@@ -14,6 +14,7 @@ from builder.cli.registry import Verb
 from builder.common.errors import InputError
 from builder.common.log import BuildProgress, log, table
 from builder.engine import find_buildkit_cli
+from builder.engine.buildkit import buildx_facts
 from builder.imaging import buildenv, repro
 from builder.imaging.orchestrate import BuildConfig
 
@@ -47,9 +48,11 @@ def run(ctx: Context) -> int:
         raise InputError(f"repro: name one cell, or select exactly one with --only; {len(ctx.cells)} selected")
     spec = cells[a.cell] if a.cell else ctx.cells[0]
     engine = ctx.engine()
-    missing = repro.cannot(find_buildkit_cli(), engine.store(), str(engine.version().get("ApiVersion") or ""))
+    cli = find_buildkit_cli()
+    missing = repro.cannot(cli, engine.store(), str(engine.version().get("ApiVersion") or ""))
     if missing is not None:
         raise InputError(missing)
+    buildx, buildkit = buildx_facts(cli) if cli is not None else (None, None)
     env = buildenv.detect(os.environ, [])
     cfg = BuildConfig(root=ctx.root, docker_dir=ctx.docker_dir, log_dir=Path(a.log_dir), build_env=env,
                       source=ctx.source, lock_root=ctx.docker_dir.parent)
@@ -66,6 +69,7 @@ def run(ctx: Context) -> int:
     print(f"SOURCE_DATE_EPOCH={verdict.epoch} (the Debian snapshot {verdict.snapshot}'s newest Release date)")
     report = {"cell": spec.name, "same": verdict.same, "against": a.against, "source_date_epoch": verdict.epoch,
               "os_snapshot": verdict.snapshot, "inputs": verdict.inputs, "differs": list(verdict.differs),
+              "buildx": buildx or "", "buildkit": buildkit or "",  # the tar and gzip writers a digest depends on
               "builds": [{"manifest": b.manifest_digest, "config": b.config_digest, "seconds": round(b.seconds, 1)}
                          for b in verdict.builds]}
     repro.write_report(cfg.log_dir, spec.name, report)

@@ -352,6 +352,9 @@ def test_the_reproducible_digest_is_a_provenance_byproduct_that_verify_returns_f
     assert b["name"] == f"{statements.REPRODUCIBLE}/{CELL}" and b["digest"] == {"sha256": "ab" * 32}
     assert b["annotations"]["cell"] == CELL and b["annotations"]["inputsHash"] == proven["inputs"]
     assert b["annotations"]["sourceDateEpoch"] == 1796253223 and b["mediaType"] == statements.OCI_MANIFEST
+    assert (b["annotations"]["buildx"], b["annotations"]["buildkit"]) == ("", "")  # not in this report
+    with_tools = statements.provenance([dataclasses.replace(facts(digest), reproducible={**proven, "buildkit": "v0.25.1"})])
+    assert with_tools["runDetails"]["byproducts"][0]["annotations"]["buildkit"] == "v0.25.1"
     assert statements.reproducible_digests(prov) == {CELL: proven["manifest"]}
     odd = {"runDetails": {"byproducts": [
         {"name": f"{statements.REPRODUCIBLE}/{CELL}", "digest": {"sha256": "1", "md5": "2"}, "annotations": {"cell": CELL}},

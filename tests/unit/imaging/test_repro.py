@@ -355,14 +355,22 @@ CELL = "2.7.0-cuda12.6-cudnn9-runtime"
 
 def test_the_verbs_report_records_the_inputs_and_leaves_no_temporary_file(repro_verb: Any,
                                                                           capsys: pytest.CaptureFixture[str],
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report names the inputs hash and the buildx and BuildKit that built (a digest depends on their tar and
+    gzip writers), and what publish reads of it is exactly that."""
+    from builder.cli.verbs import repro as verb
+
+    cli = SimpleNamespace(buildx=True)
+    monkeypatch.setattr(verb, "find_buildkit_cli", lambda: cli)
+    monkeypatch.setattr(verb, "buildx_facts", lambda c: ("0.29.1", "v0.25.1") if c is cli else (None, None))
     verdict = repro.Verdict((repro.Build(A, B, 60.0),) * 2, None, 1700000000, "20250101T000000Z", (), INPUTS)
     code, _out, _errors, report = repro_verb(verdict, None, capsys)
-    assert code == 0 and report["inputs"] == INPUTS
+    assert code == 0 and report["inputs"] == INPUTS and (report["buildx"], report["buildkit"]) == ("0.29.1", "v0.25.1")
     folder = tmp_path / "logs" / "nested"
     assert sorted(p.name for p in folder.iterdir()) == [f"{CELL}.repro.json"]
     got = repro.proven_digest(folder, CELL, INPUTS)
-    assert got == repro.Proven(A, B, 1700000000, "20250101T000000Z", INPUTS)
+    assert got == repro.Proven(A, B, 1700000000, "20250101T000000Z", INPUTS, "0.29.1", "v0.25.1")
 
 
 def _report(folder: Path, **change: Any) -> None:
