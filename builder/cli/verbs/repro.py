@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from builder.engine.buildkit import buildx_facts
 from builder.imaging import buildenv, repro
 from builder.imaging.orchestrate import BuildConfig
 
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = repro.DIGEST
 
 
 def digest(text: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ from builder.publish.client import RegistryClient
 from builder.publish.credentials import load_credentials
 from builder.publish.signing import ClientStore, lock_sha256
 
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = repro.DIGEST
 
 
 def parse_ref(text: str) -> tuple[Registry, str, str]:
