@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import subprocess
 import time
 
 import pytest
@@ -104,3 +105,43 @@ def test_a_root_start_in_an_unsafe_environment_exits_2(monkeypatch: pytest.Monke
     assert err.startswith("[ptmg] ERROR: started as root, but `docker exec` would run root with what pt controls: "
                           "PATH entry /tmp is writable by others")
     assert err.count("\n") == 1
+
+
+def test_sigterm_gives_a_slow_service_its_grace_and_kills_one_that_ignores_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A service that needs 3 s after SIGTERM (Jupyter shutting a live kernel down on a loaded host)
+    ends on its own; one that ignores SIGTERM is killed once the grace is over, inside docker
+    stop's 10 s."""
+    assert supervisor.STOP_GRACE <= 8  # docker stop sends SIGKILL at 10 s
+    sup = object.__new__(supervisor.Supervisor)  # no __init__: it would take over this process's signals
+    rfd, wfd = os.pipe()
+    os.set_blocking(rfd, False)
+    sup._rfd = rfd
+    slow, stubborn = supervisor.Service(SPEC), supervisor.Service(
+        services.ServiceSpec("sshd", ("sshd",), {}, "/", {"check": "tcp", "port": 22}))
+    sup.services = [slow, stubborn]
+    ready = [os.pipe() for _ in range(2)]
+    scripts = ("trap 'sleep 3; exit 0' TERM; echo >&{fd}; while :; do sleep 0.1; done",
+               "trap '' TERM; echo >&{fd}; while :; do sleep 0.1; done")
+    try:
+        for svc, script, (r, w) in zip((slow, stubborn), scripts, ready, strict=True):
+            svc.proc = subprocess.Popen(["bash", "-c", script.format(fd=w)], pass_fds=(w,),
+                                                   start_new_session=True)
+            os.close(w)
+            assert os.read(r, 1) == b"\n"  # its trap is set
+            os.close(r)
+        t0 = time.monotonic()
+        sup.stop_services()
+        took = time.monotonic() - t0
+    finally:
+        for svc in (slow, stubborn):
+            if svc.proc and svc.proc.poll() is None:
+                os.killpg(svc.proc.pid, 9)
+                svc.proc.wait()
+        os.close(rfd)
+        os.close(wfd)
+    assert slow.proc and slow.proc.returncode == 0
+    assert stubborn.proc and stubborn.proc.returncode == -9
+    assert supervisor.STOP_GRACE <= took < supervisor.STOP_GRACE + 2
+    err = capsys.readouterr().err
+    assert "sshd did not stop" in err and "jupyter did not stop" not in err
