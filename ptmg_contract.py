@@ -83,6 +83,18 @@ SELFTEST = f"{SMOKE_DIR}/selftest"
 DDP_JOB = f"{SMOKE_DIR}/ddp_job.py"
 VENV = "/opt/venv"
 VENV_PYTHON = f"{VENV}/bin/python"
+#: NVIDIA's CUDA wheels (the lock's nvidia-* distributions), unpacked here as the image's FIRST layer,
+#: below the base's files (docs/image-layout.md, "Layers"): the bottom layer's chain ID is its diff ID,
+#: so every cell with the same CUDA wheels shares it on a node, whatever its base or Python. The venv's
+#: site-packages holds a relative link to each of its entries (nvidia/, nvidia_*.dist-info/, ...), so
+#: torch's RPATHs ($ORIGIN/../../nvidia/*/lib) and importlib.metadata find them where they always were.
+#: pt's, group users, g+w, setgid folders: like the venv (the root boundary).
+CUDA_WHEELS = "/opt/cuda-wheels"
+#: Of the lock's torch set, the files that are the same bytes in the wheels of every Python (torch/lib but
+#: libtorch_python.so and libtorch_cpu.so, Triton's backends), as the image's second layer: the venv's
+#: copies of them are relative links here (imagebuild/shared-tree.sh), so cells of one torch set and
+#: several Pythons share them on a node. pt's, group users, like the venv.
+TORCH_FILES = "/opt/torch-files"
 WORKDIR = "/workspace"
 STATE_DIR = "/run/pt-multi-gpu"
 SSH_HOST_KEY_DIR = "/var/lib/pt-multi-gpu/ssh-host-keys"

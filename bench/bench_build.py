@@ -153,16 +153,18 @@ def pip_run(reqs: list[str], spec: ImageSpec, cache_id: str, *, venv: bool) -> s
 
 
 def before_dockerfile(spec: ImageSpec) -> str:
-    """The cell's Dockerfile up to its venv layers (the base and the user), then its OS layer (the same RUN:
-    cached; pip needs the image's python3, which the venv's own RUNs take from the build's Python stage),
-    then pip's RUNs as the user."""
+    """The cell's Dockerfile without its shared trees' stages and layers: the base and the user, then its OS
+    layer (the same RUN: cached; pip needs the image's python3, which the venv's own RUNs take from the
+    build's Python stage), then pip's RUNs as the user."""
     text = dockerfile.render(spec)
-    venv_at, os_at = text.index("# 2. NVIDIA's CUDA wheels"), text.index("# 4. OS packages")
+    cuda_at, image_at = text.index("# 0b. The shared trees"), text.index("# 0c. The image")
+    venv_at, os_at = text.index("# 2. The venv"), text.index("# 4. OS packages")
     os_end = text.index("\n\n", text.index("\nRUN ", os_at) + 1)
+    base = f"FROM {spec.base_ref}\n\n" + text[text.index("SHELL [", image_at):venv_at]
     core = [r for r in wanted(spec)["torch"] if r != "pip"]
     tools = sorted({*wanted(spec)["tools"], *core})
     cache = f"ptmg-bench-{time.time_ns()}"
-    return (text[:venv_at] + text[os_at:os_end] + f"\n\nUSER {contract.UID}\n\n"
+    return (text[:cuda_at] + base + text[os_at:os_end] + f"\n\nUSER {contract.UID}\n\n"
             + pip_run(core, spec, cache, venv=True) + pip_run(tools, spec, cache, venv=False))
 
 

@@ -33,10 +33,13 @@ from builder.render.dockerfile import BASE_APT, COMPILE_APT, RDMA_APT  # noqa: E
 DOCKER = "/usr/bin/docker"
 MIB = 1 << 20
 LAYER_KINDS = (  # (what the layer is, a marker of the instruction that made it), first match wins
+    ("CUDA wheels (nvidia-*)", "COPY /ptmg-out-cuda/ / "),
+    ("torch's and Triton's files that no Python changes", "COPY /ptmg-out-torch/ / "),
+    ("base image", "COPY / / "),
     ("devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
     ("OS packages (+ g++, python3-dev, rdma-core)", "apt-get install"),
     ("user", "useradd"),
-    ("CUDA wheels (nvidia-*)", "python3 -m venv"),
+    ("venv (links to the CUDA wheels)", "python3 -m venv"),
     ("torch + torchvision, Triton", "import torch, torchvision"),
     ("tools (JupyterLab, TensorBoard, pytest)", "pip check"),
     ("devel: CUDA toolkit wheels, ninja", "pip install"),

@@ -27,11 +27,17 @@ from typing import Any
 DOCKER = "/usr/bin/docker"
 MB = 1e6
 #: (what a layer is, a marker of the instruction that made it); first match wins (bench/bench_size.py's kinds)
+#: The first three layers are COPYs (docs/image-layout.md, "Layers"): the CUDA wheels' tree and torch's
+#: shared files from their stages' folders (builder.render.dockerfile.SHARED_STAGES), then the base's files;
+#: before them, the base came first.
 KINDS = (
+    ("CUDA wheels", "COPY /ptmg-out-cuda/ / "),
+    ("torch's shared files", "COPY /ptmg-out-torch/ / "),
+    ("base", "COPY / / "),
     ("devel toolkit", "cuda-home.sh"),
     ("OS (apt)", "apt-get install"),
     ("user", "useradd"),
-    ("CUDA wheels", "python3 -m venv"),
+    ("venv", "python3 -m venv"),
     ("torch", "import torch, torchvision"),
     ("tools", "pip check"),
     ("devel wheels", "pip install"),
@@ -72,12 +78,13 @@ def kind_of(created_by: str) -> str:
 def label_layers(sizes: Sequence[int], history: Sequence[tuple[int, str]]) -> list[str]:
     """What made each layer: history entries (oldest first, (size, created_by)) with a size are matched in
     order to the layers with a size (the API's history says 0 both for metadata and for an empty layer);
-    the first layer is the base."""
+    the first layer is what its instruction says (the CUDA wheels), or the base where it says nothing."""
     made = [by for size, by in history if size > 0]
     out, i = [], 0
     for n, size in enumerate(sizes):
         if n == 0:
-            out.append("base")
+            first = kind_of(made[0]) if size > 0 and made else "base"
+            out.append("base" if first == "other" else first)
             if size > 0 and made:
                 i += 1
             continue

@@ -8,6 +8,9 @@ from builder.common.log import log
 from builder.engine.capabilities import CONTAINERD, Store
 from builder.engine.translate import _translated
 
+#: What marks a shared tree's stage in a cache record's description (its RUN's last command).
+SHARED_STAGE_MARKS = ("/ptmg-build/shared-tree.sh cuda ", "/ptmg-build/shared-tree.sh torch ")
+
 
 class BuildCache:
     """The engine's build-cache calls (a part of :class:`builder.engine.docker.Engine`)."""
@@ -32,6 +35,22 @@ class BuildCache:
             return 0
         out = self.client.api.prune_builds(filters={"type": "source.local"})
         return int((out or {}).get("SpaceReclaimed") or 0)
+
+    @_translated
+    def drop_shared_stages(self) -> int:
+        """Drop what the shared trees' stages leave in the cache (dockerfile/07-shared.j2: the CUDA wheels
+        unpacked, 3.4 GB for CUDA 13, and torch's shared files, ~0.8 GB), never one a running build uses;
+        the bytes freed. The image holds its own copy of each (the COPY that makes its first layers), so
+        the stage's is a second one, kept for nothing but the stage's next run: without it the next build
+        runs the stage again (half a minute: uv unpacks, imagebuild/shared-tree.sh seals) and gets the same bytes, so
+        its COPY is a cache hit (BuildKit keys a COPY on a checksum of what it copies) and every layer
+        above it too. In the classic store only, for the reason drop_build_contexts gives."""
+        if self.store().kind == CONTAINERD:
+            return 0
+        ids = {str(r["ID"]) for r in self.client.df().get("BuildCache") or []
+               if r.get("Type") == "regular" and not r.get("InUse")
+               and any(mark in str(r.get("Description") or "") for mark in SHARED_STAGE_MARKS)}
+        return self.drop_build_records(ids) if ids else 0
 
     @_translated
     def build_records(self) -> set[str]:

@@ -72,9 +72,6 @@ class Engine(BuildCache):
     def image_id(self, ref: str) -> str:  # the config digest (classic store) or the manifest's (containerd)
         return str(self._attrs(ref)["Id"])
 
-    def rootfs_layers(self, ref: str) -> list[str]:
-        return list((self._attrs(ref).get("RootFS") or {}).get("Layers") or [])
-
     def image_size(self, ref: str) -> int:
         return int(self._attrs(ref).get("Size", 0))
 

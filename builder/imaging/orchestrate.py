@@ -239,6 +239,16 @@ class _Builder:
             if freed:
                 log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
 
+    def _drop_shared_stages(self, spec: ImageSpec) -> None:
+        try:  # the build stands either way
+            freed = self.engine.drop_shared_stages()
+        except EngineError as exc:
+            log.warning("%s: the shared trees' stages stay in the build cache: %s", spec.name, exc)
+        else:
+            if freed:
+                log.info("%s: dropped %.1f GB of the shared trees' stages from the build cache (the image "
+                         "holds their files)", spec.name, freed / 1e9)
+
     def _check_sources(self, ref: str, release: str) -> None:
         """The base lists the release's -updates and -security suites (BaseError with the fix); once per base."""
         base = self.engine.image_id(ref)
@@ -248,10 +258,6 @@ class _Builder:
         base_image.check_sources(self.engine, ref, release)
         with self._lock:
             self._sources_ok.add(base)
-
-    def _on_current_base(self, spec: ImageSpec, image_id: str) -> bool:
-        base = self.engine.rootfs_layers(spec.base_ref)
-        return self.engine.rootfs_layers(image_id)[: len(base)] == base
 
     def build(self, spec: ImageSpec) -> CellResult:
         if self.stop.is_set():
@@ -296,16 +302,15 @@ class _Builder:
             return CellResult(spec.name, "failed", message=supply.CLASSIC_REFUSAL)
         self._check_sources(spec.base_ref, spec.os)
         with self._staged(spec, lock, files) as staged:
+            # The image takes the base's files with COPY --from=<base> / / (its shared trees come first),
+            # which BuildKit keys on a checksum of the files it copies: a base re-made under the same name
+            # with other files is copied anew, never taken from the cache (checked on 20.10). With FROM <base>,
+            # 20.10's BuildKit was seen reusing layers of the older base.
             outcome = self._run_build(spec, dockerfile, log_path, self.cfg.no_cache, staged)
-            if outcome.ok and outcome.image_id and not self._on_current_base(spec, outcome.image_id):
-                # Seen with dockerd 20.10's BuildKit after a base was re-made under the same name:
-                # cached layers from the old base were reused. Never ship that; rebuild uncached.
-                log.warning("%s: the build reused layers of an older %s; rebuilding without the layer cache",
-                            spec.name, spec.base_ref)
-                outcome = self._run_build(spec, dockerfile, log_path, True, staged)
             unreached = staged.unreached
             wheels_in_context = staged.wheels_in_context
         self._drop_contexts(spec, wheels_in_context)
+        self._drop_shared_stages(spec)
         if not outcome.ok or outcome.image_id is None:
             message = failure_text(outcome.failed_step, outcome.tail, log_path)
             if unreached and any(wheelserver.SECRET_ID in line or "find-links" in line

@@ -8,6 +8,7 @@ the Jinja2 template only loops and guards.
 
 from __future__ import annotations
 
+import posixpath
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -144,6 +145,23 @@ BUILD_PYTHON: Mapping[str, object] = {
 }
 
 
+#: The shared trees' stages (dockerfile/07-shared.j2) and the folder each fills: its contents (the
+#: tree at contract.CUDA_WHEELS or contract.TORCH_FILES under it) become one of the image's first
+#: layers (each folder has its own name, so that `docker history` tells the two COPYs apart). The torch
+#: stage has uv unpack the whole torch set at `unpacked` first.
+SHARED_STAGES: Mapping[str, str] = {"cuda_stage": "ptmg-cuda", "cuda_out": "/ptmg-out-cuda",
+                                    "torch_stage": "ptmg-torch-files", "torch_out": "/ptmg-out-torch",
+                                    "unpacked": "/tmp/ptmg-torch-set"}
+
+
+def shared_trees(spec: ImageSpec) -> dict[str, str]:
+    """SHARED_STAGES, and the venv's site-packages with the relative path from there to the CUDA
+    wheels' tree, for the venv's links to it."""
+    site_packages = f"{contract.VENV}/lib/python{spec.python}/site-packages"
+    return {**SHARED_STAGES, "site_packages": site_packages,
+            "cuda_link": posixpath.relpath(contract.CUDA_WHEELS, site_packages)}
+
+
 def stage_paths() -> dict[str, object]:
     """The staged context paths the templates bind-mount (see WHEELHOUSE)."""
     return {"uv": f"{WHEELHOUSE}/uv", "sbom_input": f"{WHEELHOUSE}/sbom-input.json",
@@ -206,6 +224,7 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         slim_args=slim_args(spec),
         stage=stage_paths(),
         py=BUILD_PYTHON,
+        shared=shared_trees(spec),
         source_date_epoch=SOURCE_DATE_EPOCH,
         build_logs=BUILD_LOGS,
         extra_pip=bool(spec.pip),

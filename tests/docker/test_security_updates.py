@@ -145,7 +145,7 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     os_step = _step(steps, "apt-get upgrade")
     assert not any(x.endswith(" CACHED") for x in os_step), "the OS layer came from the cache"
     assert any(re.search(r" DONE \d", x) for x in os_step)
-    # The venv sits below the OS layer (25-cuda, 30-torch, 40-tools): they came from the cache, and the image
+    # The CUDA wheels and the venv sit below the OS layer (07-cuda, 25-cuda, 30-torch, 40-tools): they came from the cache, and the image
     # keeps their layers under the same chain IDs, so a node that holds the image before stores only the OS
     # layer and what is above it anew.
     for marker in ("python3 -m venv", "import torch, torchvision", "pip check"):
@@ -154,7 +154,7 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     assert "wheel(s) downloaded" not in r.stderr, r.stderr[-2000:]
     cost = pulllib.cost(held, pulllib.read_layers(f"{repo}:{cell}", db))
     kept = [lay["kind"] for lay in cost["layers"] if not lay["new_chain"]]
-    assert kept[:5] == ["base", "user", "CUDA wheels", "torch", "tools"], cost["layers"]
+    assert kept[:6] == ["CUDA wheels", "base", "user", "venv", "torch", "tools"], cost["layers"]
     assert cost["new_by_chain_share"] <= PATCH_DAY_SHARE, (
         f"patch day stores {cost['new_by_chain'] / 1e6:,.1f} MB of {cost['size'] / 1e6:,.1f} MB anew "
         f"({cost['new_by_chain_share']:.1%}): {[(lay['kind'], lay['size']) for lay in cost['layers'] if lay['new_chain']]}")

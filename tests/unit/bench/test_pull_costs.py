@@ -70,7 +70,16 @@ def test_layers_are_named_by_the_instruction_that_made_them() -> None:
                (276, "RUN apt-get update && apt-get install -y tini"), (0, "WORKDIR /workspace"),
                (14, "COPY ptmg_contract.py /opt/ # buildkit")]
     assert pulllib.label_layers([75, 9, 3060, 2170, 232, 276, 0, 14], history) == [
-        "base", "user", "CUDA wheels", "torch", "tools", "OS (apt)", "empty", "our files"]
+        "base", "user", "venv", "torch", "tools", "OS (apt)", "empty", "our files"]
+    # Today's order: the CUDA wheels' tree first, then the base's files (docs/image-layout.md).
+    history = [(3360, "COPY /ptmg-out-cuda/ / # buildkit"), (771, "COPY /ptmg-out-torch/ / # buildkit"),
+               (75, "COPY / / # buildkit"), (0, "SHELL [/bin/bash]"),
+               (9, "RUN useradd pt"), (14, "RUN python3 -m venv --without-pip /opt/venv && ln -s"),
+               (1850, 'RUN uv pip install && python -c "import torch, torchvision"'),
+               (232, "RUN uv pip install && pip check"), (276, "RUN apt-get update && apt-get install -y tini"),
+               (1, "COPY entrypoint/ /opt/pt-multi-gpu/entrypoint/ # buildkit")]
+    assert pulllib.label_layers([3360, 771, 75, 9, 14, 1850, 232, 276, 1], history) == [
+        "CUDA wheels", "torch's shared files", "base", "user", "venv", "torch", "tools", "OS (apt)", "our files"]
 
 
 def _served(method: str, uri: str, status: int, written: int) -> str:

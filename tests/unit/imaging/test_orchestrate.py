@@ -38,6 +38,7 @@ class FakeEngine:
         self.base_runs = 0
         self.removed: list[str] = []
         self.contexts_dropped = 0  # after how many builds the kept build contexts were dropped
+        self.shared_dropped = 0  # ... and the shared trees' stages
         self.prune_error: Exception | None = None
 
     def image_exists(self, ref: str) -> bool:
@@ -54,10 +55,6 @@ class FakeEngine:
 
     def image_size(self, ref: str) -> int:
         return 6_000_000_000
-
-    def rootfs_layers(self, ref: str) -> list[str]:
-        return list(next(i for i in self.images.values() if ref in (i["Id"], *self.images))["layers"]) \
-            if ref not in self.images else list(self.images[ref]["layers"])
 
     def tag(self, image_id: str, ref: str) -> None:
         self.images[ref] = next(i for i in self.images.values() if i["Id"] == image_id)
@@ -87,6 +84,10 @@ class FakeEngine:
         self.removed.append(image_id)
         self.images.pop(image_id, None)
         return True
+
+    def drop_shared_stages(self) -> int:
+        self.shared_dropped = len(self.builds)
+        return 4_100_000_000
 
     def drop_build_contexts(self) -> int:
         if self.prune_error is not None:
@@ -163,8 +164,10 @@ def test_a_build_drops_the_build_contexts_it_leaves_and_a_skip_touches_nothing(s
                                                                                tmp_path: Path) -> None:
     engine, mirror = FakeEngine(spec), Mirror()
     assert build(engine, spec, tmp_path, mirror).status == "built" and engine.contexts_dropped == 1
-    engine.contexts_dropped = 0
+    assert engine.shared_dropped == 1  # the shared trees' stages too: the image holds their files
+    engine.contexts_dropped = engine.shared_dropped = 0
     assert build(engine, spec, tmp_path, mirror).status == "skipped" and engine.contexts_dropped == 0
+    assert engine.shared_dropped == 0
 
 
 def test_a_build_whose_wheels_were_served_keeps_its_context(spec: ImageSpec, tmp_path: Path,

@@ -217,6 +217,42 @@ def test_the_containerd_store_keeps_a_context_that_carried_the_wheels(caplog: py
     assert "stay in the build cache" in caplog.text
 
 
+class _Stages(_Cache):
+    """The cache after a cell's build: its shared trees' stages, the image's own layers, a running build's stage."""
+
+    RUN = "mount / from exec /bin/bash -o pipefail -c umask 0002 && mkdir /tmp/ptmg-uv && ... && sh "
+
+    def __init__(self, driver_status: list[list[str]]) -> None:
+        super().__init__({"cuda": None, "torch": None, "venv": None, "torch-layer": None, "other-cuda": None},
+                         busy=frozenset({"other-cuda"}))
+        self.status = driver_status
+        self.descriptions = {
+            "cuda": self.RUN + "/ptmg-build/shared-tree.sh cuda /ptmg-out /opt/cuda-wheels 1000 100 315532800",
+            "torch": self.RUN + "/ptmg-build/shared-tree.sh torch /tmp/t /ptmg-out /opt/torch-files 1000 100 1",
+            "venv": self.RUN + "/ptmg-build/build-python.sh restore /opt/venv",
+            "torch-layer": self.RUN + "/ptmg-build/shared-tree.sh link /opt/torch-files /opt/venv/lib/python3.11/site",
+            "other-cuda": self.RUN + "/ptmg-build/shared-tree.sh cuda /ptmg-out /opt/cuda-wheels 1000 100 315532800"}
+
+    def info(self) -> dict[str, object]:
+        return {"Driver": "overlayfs" if self.status else "overlay2", "DriverStatus": self.status}
+
+    def df(self) -> dict[str, object]:
+        return {"BuildCache": [{"ID": i, "Type": "regular", "Size": 10, "InUse": i in self.busy,
+                                "Description": self.descriptions[i]} for i in self.parents]}
+
+
+def test_after_a_build_the_shared_trees_stages_go_and_the_images_layers_stay() -> None:
+    """The stage's copy of the CUDA wheels (3.4 GB) is a second one beside the image's: it goes, in the classic
+    store; the image's layers (the torch RUN names imagebuild/shared-tree.sh too) and a running build's stage stay."""
+    from builder.engine.docker import Engine
+    classic = _Stages([["Backing Filesystem", "extfs"]])
+    assert Engine(client=classic, labels={}).drop_shared_stages() == 20
+    assert set(classic.parents) == {"venv", "torch-layer", "other-cuda"}
+    containerd = _Stages([["driver-type", "io.containerd.snapshotter.v1"]])
+    assert Engine(client=containerd, labels={}).drop_shared_stages() == 0
+    assert len(containerd.parents) == 5 and containerd.calls == 0
+
+
 def test_a_builds_own_records_go_and_every_other_stays() -> None:
     from builder.engine.docker import Engine
     cache = _Cache({"other": None, "a": None, "b": "a", "c": "b"})

@@ -45,11 +45,11 @@ def test_arm64_cell_names_its_own_base_and_apt_caches(matrix: Matrix) -> None:
     assert (amd.base_ref, arm.base_ref) == ("debian:bookworm-slim", "arm64v8/debian:bookworm-slim")
     assert (amd.apt_cache_key, arm.apt_cache_key) == ("bookworm", "bookworm-arm64")
     text = dockerfile.render(arm)
-    assert "\nFROM arm64v8/debian:bookworm-slim\n" in text
+    assert "\nFROM arm64v8/debian:bookworm-slim AS ptmg-python\n" in text and "\nCOPY --from=arm64v8/debian:bookworm-slim / /\n" in text
     assert "id=ptmg-apt-bookworm-arm64," in text and "id=ptmg-apt-lists-bookworm-arm64," in text
     assert "id=ptmg-apt-bookworm," not in text
     amd_text = dockerfile.render(amd)
-    assert "\nFROM debian:bookworm-slim\n" in amd_text and "id=ptmg-apt-bookworm," in amd_text
+    assert "\nCOPY --from=debian:bookworm-slim / /\n" in amd_text and "id=ptmg-apt-bookworm," in amd_text
     # the same image otherwise: only the base, the apt caches, the cell's name and the CUDA
     # targets of the aarch64 wheel (compat data: aarch64_arch_list) differ
     assert arm.arch_list != amd.arch_list and "sm_110" in arm.arch_list

@@ -1,10 +1,12 @@
-"""The layer order of every rendered Dockerfile (docs/image-layout.md, "Layers"): the venv sits right
-on the base and the user, below the weekly OS layer, so that an OS-only rebuild keeps the venv's
-layers and their chain IDs; in it, the CUDA wheels come first, so that a new torch keeps theirs. Pure rendering, no Docker: the committed docker/*/Dockerfile and the
+"""The layer order of every rendered Dockerfile (docs/image-layout.md, "Layers"): the CUDA wheels are
+the first layer, below the base's files, made by a stage whose text is the same in every cell, so that
+every cell with the same CUDA wheels shares it on a node; the venv sits on the base and the user, below
+the weekly OS layer, so that an OS-only rebuild keeps the venv's layers and their chain IDs. Pure rendering, no Docker: the committed docker/*/Dockerfile and the
 cells of a small matrix with every flavour and base."""
 
 from __future__ import annotations
 
+import posixpath
 import re
 import textwrap
 from pathlib import Path
@@ -25,6 +27,7 @@ CELLS = textwrap.dedent("""\
       - {torch: "2.14.1", base: "debian:trixie-slim", tag: "{torch}-cuda{cuda}-{flavour}-py{python}"}
     """)
 PY = dockerfile.BUILD_PYTHON
+SHARED = dockerfile.SHARED_STAGES
 
 
 def _stages(text: str) -> list[list[str]]:
@@ -58,30 +61,89 @@ def _at(stage: list[str], marker: str, where: str) -> int:
     return found[0]
 
 
-def test_the_venv_sits_on_the_base_and_the_user_below_the_os_layer(texts: dict[str, str]) -> None:
+def _layers(stage: list[str]) -> list[str]:
+    return [ins for ins in stage if ins.startswith(("RUN", "COPY", "ADD"))]
+
+
+def test_the_cuda_wheels_are_the_first_layer_then_the_base_then_the_venv_below_the_os_layer(
+        texts: dict[str, str]) -> None:
     for where, text in texts.items():
         final = _stages(text)[-1]
-        user, cuda, torch, tools, os_layer = (_at(final, m, where) for m in (
-            "useradd", "source=wheelhouse/cuda,", "source=wheelhouse/torch,", "source=wheelhouse/tools,",
+        assert final[0] == "FROM scratch", where
+        layers = _layers(final)
+        # The bottom layer's chain ID is its diff ID: the CUDA wheels' tree, shared by every cell with
+        # the same CUDA wheels on a node, whatever sits above it; then the base's files, all of them.
+        assert layers[0] == f"COPY --from={SHARED['cuda_stage']} {SHARED['cuda_out']}/ /", where
+        assert layers[1] == f"COPY --from={SHARED['torch_stage']} {SHARED['torch_out']}/ /", where
+        assert re.fullmatch(r"COPY --from=\S+ / /", layers[2]), where
+        user, venv, torch, tools, os_layer = (_at(final, m, where) for m in (
+            "useradd", "-m venv --without-pip", "source=wheelhouse/torch,", "source=wheelhouse/tools,",
             "apt-get upgrade"))
         sbom, ours = _at(final, "sbom.py", where), _at(final, "COPY entrypoint/ ", where)
-        assert user < cuda < torch < tools < os_layer < sbom < ours, (where, user, cuda, torch, tools, os_layer, sbom,
+        assert user < venv < torch < tools < os_layer < sbom < ours, (where, user, venv, torch, tools, os_layer, sbom,
                                                                        ours)
-        assert [ins for ins in final[cuda + 1:torch] if ins.startswith(("RUN", "COPY", "ADD"))] == [], where
         # Nothing but the user's RUN between the base and the venv: no apt, no other layer below it.
-        below = [ins for ins in final[1:cuda] if ins.startswith(("RUN", "COPY", "ADD"))]
-        assert below == [final[user]], (where, below)
+        assert layers[3:5] == [final[user], final[venv]], where
+        assert final.index(layers[5]) == torch, where
+        assert not any("source=wheelhouse/cuda," in ins for ins in final), f"{where}: the CUDA wheels come from their stage"
         devel = [i for i, ins in enumerate(final) if "source=wheelhouse/devel," in ins]
         assert all(tools < i < os_layer for i in devel), (where, devel)
 
 
-def test_the_cuda_wheels_run_is_the_same_text_in_every_cell(texts: dict[str, str]) -> None:
-    """Its cache key is its text and its mounted files (the cell's CUDA wheels): nothing of torch (its arch list
-    picks slim-venv.sh's Triton options) may key it, or a new torch over the same CUDA wheels would rebuild 3 GB."""
-    runs = {where: _stages(text)[-1][_at(_stages(text)[-1], "source=wheelhouse/cuda,", where)]
-            for where, text in texts.items()}
-    assert len(set(runs.values())) == 1, {w: r[-160:] for w, r in runs.items()}
-    assert "--strip-triton" not in next(iter(runs.values()))
+def _stage(text: str, name: str, where: str) -> list[str]:
+    (stage,) = (st for st in _stages(text) if st[0].endswith(f" AS {name}"))
+    assert stage[0] == f"FROM {PY['stage']} AS {name}", where
+    return stage
+
+
+def test_the_cuda_wheels_stage_is_the_same_text_in_every_cell(texts: dict[str, str]) -> None:
+    """The layer is the same bytes wherever it is built only if nothing of the cell keys or shapes it:
+    not torch (its arch list picks slim-venv.sh's Triton options), not the Python (no bytecode)."""
+    stages = {where: tuple(_stage(text, SHARED["cuda_stage"], where)) for where, text in texts.items()}
+    assert len(set(stages.values())) == 1, stages
+    (run,) = _layers(list(next(iter(stages.values()))))
+    tree = f"{SHARED['cuda_out']}{contract.CUDA_WHEELS}"
+    assert f" --target {tree} " in run and "source=wheelhouse/cuda," in run
+    assert "--compile-bytecode" not in run and "--strip-triton" not in run
+    assert "--require-hashes --no-deps --only-binary :all:" in run
+    epoch = dockerfile.SOURCE_DATE_EPOCH
+    assert run.endswith(f"&& sh /ptmg-build/shared-tree.sh cuda {SHARED['cuda_out']} {contract.CUDA_WHEELS} {contract.UID} "
+                        f"{contract.VENV_GID} {epoch}")
+
+
+def test_torchs_shared_files_come_from_the_cells_torch_set_and_the_venv_links_them(texts: dict[str, str]) -> None:
+    epoch = dockerfile.SOURCE_DATE_EPOCH
+    for where, text in texts.items():
+        (run,) = _layers(_stage(text, SHARED["torch_stage"], where))
+        assert "source=wheelhouse/torch," in run and f" --target {SHARED['unpacked']} " in run, where
+        assert "--compile-bytecode" not in run, where
+        assert re.search(rf"&& sh /ptmg-build/shared-tree.sh torch {SHARED['unpacked']} {SHARED['torch_out']} "
+                         rf"{contract.TORCH_FILES} {contract.UID} {contract.VENV_GID} {epoch}( --drop-ptxas-blackwell)?$",
+                         run), (where, run[-300:])
+        # slim-venv.sh drops Blackwell's ptxas in the venv for these cells: the shared copy must not keep it.
+        assert run.endswith("--drop-ptxas-blackwell") == ("--drop-ptxas-blackwell" in text.split("FROM scratch")[1]), where
+        final = _stages(text)[-1]
+        torch = final[_at(final, "source=wheelhouse/torch,", where)]
+        python = re.search(r"PTMG_PYTHON=(\S+)", text)
+        assert python, where
+        link = f"&& sh /ptmg-build/shared-tree.sh link {contract.TORCH_FILES} {contract.VENV}/lib/python{python.group(1)}/site-packages &&"
+        assert link in torch and torch.index(link) < torch.index("import torch, torchvision"), where
+
+
+def test_the_venv_links_each_entry_of_the_cuda_tree_where_it_resolves(texts: dict[str, str]) -> None:
+    for where, text in texts.items():
+        final = _stages(text)[-1]
+        python = re.search(r"PTMG_PYTHON=(\S+)", text)
+        assert python, where
+        site_packages = f"{contract.VENV}/lib/python{python.group(1)}/site-packages"
+        venv = final[_at(final, "-m venv --without-pip", where)]
+        links = re.search(r'for entry in (\S+)/\*; do if \[ -e "\$entry" \]; then ln -s "([^"$]+)/\$\{entry##\*/\}" '
+                          r'"([^"$]+)/\$\{entry##\*/\}" && test -e "(\S+)/\$\{entry##\*/\}"; fi \|\| exit 1; done &&', venv)
+        assert links, (where, venv)
+        tree, link, into, checked = links.groups()
+        assert (tree, into, checked) == (contract.CUDA_WHEELS, site_packages, site_packages), where
+        assert not link.startswith("/"), f"{where}: an absolute link resolves on the host in an unpacked rootfs"
+        assert posixpath.normpath(posixpath.join(site_packages, link)) == contract.CUDA_WHEELS, (where, link)
 
 
 def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str, str]) -> None:
@@ -99,8 +161,8 @@ def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str,
 def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin(texts: dict[str, str]) -> None:
     for where, text in texts.items():
         final = _stages(text)[-1]
-        runs = [ins for ins in final if "/ptmg-build/uv pip install" in ins]
-        assert len(runs) in (3, 4), where  # cuda, torch, tools (+ devel)
+        runs = [ins for ins in final if "/ptmg-build/uv pip install" in ins or "-m venv " in ins]
+        assert len(runs) in (3, 4), where  # the venv, torch, tools (+ devel)
         for ins in runs:
             assert f"--mount=type=bind,from={PY['stage']},target={PY['root']} " in ins, where
             assert f"export LD_LIBRARY_PATH={PY['libs']} PATH=$PATH:{PY['root']}/usr/bin &&" in ins, where
@@ -112,10 +174,11 @@ def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin
 def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(texts: dict[str, str]) -> None:
     for where, text in texts.items():
         stages = _stages(text)
-        assert len(stages) == 2, where
-        stage, final = stages
-        base = final[0].removeprefix("FROM ")
-        assert stage[0] == f"FROM {base} AS {PY['stage']}", where
+        assert len(stages) == 4, where
+        stage, _, _, final = stages
+        copied = re.fullmatch(r"COPY --from=(\S+) / /", _layers(final)[2])
+        assert copied, where
+        assert stage[0] == f"FROM {copied.group(1)} AS {PY['stage']}", where
         (run,) = (ins for ins in stage if ins.startswith("RUN "))
         assert "apt-get upgrade" not in run, f"{where}: the stage must not be a second OS layer"
         assert "install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io binutils python3 " \
@@ -123,4 +186,4 @@ def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(tex
         # The image gets its python3 (the one the venv names) from its own OS layer.
         os_run = final[_at(final, "apt-get upgrade", where)]
         assert " python3 " in os_run and " python3-venv " in os_run, where
-        assert not any(f"from={PY['stage']}" in ins for ins in final if "pip install" not in ins), where
+        assert not any(f"from={PY['stage']}" in ins for ins in final if "build-python.sh" not in ins), where

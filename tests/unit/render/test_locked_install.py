@@ -71,7 +71,12 @@ def make_wheel(folder: Path) -> str:
 class Sandbox:
     """/ptmg-build, /run/secrets and the image's venv, as temporary folders."""
 
+    #: Where the shared trees' stages install (uv's --target) and unpack: folders of the sandbox too.
+    STAGE_PATHS = ("/tmp/ptmg-uv", dockerfile.SHARED_STAGES["unpacked"], dockerfile.SHARED_STAGES["cuda_out"],
+                   dockerfile.SHARED_STAGES["torch_out"])
+
     def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
         self.build, self.venv, self.secrets = tmp / "ptmg-build", tmp / "venv", tmp / "secrets"
         self.build.mkdir(parents=True)
         self.secrets.mkdir()
@@ -81,12 +86,15 @@ class Sandbox:
                        capture_output=True, timeout=60)
 
     def map(self, text: str) -> str:
+        for path in self.STAGE_PATHS:
+            text = text.replace(path, f"{self.tmp}/stage{path}")
         return (text.replace("/ptmg-build", str(self.build)).replace("/run/secrets", str(self.secrets))
                 .replace(contract.VENV, str(self.venv)))
 
     def install(self, command: str, requirements: str) -> subprocess.CompletedProcess[str]:
         (self.build / "requirements.txt").write_text(requirements)
         (self.venv / ".uv-tmp").mkdir(exist_ok=True)  # the RUN's step before
+        (self.tmp / "stage/tmp/ptmg-uv").mkdir(parents=True, exist_ok=True)  # ... in a shared tree's stage
         # A build's RUNs get the Docker CLI's proxy settings as build args: here a proxy that answers
         # nothing, which the wheel server must not be reached through.
         dead = {k: "http://127.0.0.1:9" for k in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY")}
@@ -94,7 +102,8 @@ class Sandbox:
                               timeout=120, check=False, env={**os.environ, **dead})
 
     def installed(self) -> bool:
-        return any(self.venv.glob(f"lib/python*/site-packages/{NAME}/__init__.py"))
+        return any(self.venv.glob(f"lib/python*/site-packages/{NAME}/__init__.py")) or \
+            any((self.tmp / "stage").glob(f"**/{NAME}/__init__.py"))
 
 
 @contextlib.contextmanager

@@ -1,0 +1,116 @@
+#!/bin/sh
+# shared-tree.sh cuda OUT TREE UID GID EPOCH
+# shared-tree.sh torch FROM OUT TREE UID GID EPOCH [--drop-ptxas-blackwell]
+# shared-tree.sh link TREE SITE_PACKAGES
+#
+# The image's first layers are trees of files that are the same bytes for every cell that installs the
+# same wheels, whatever its base or Python, so that a node keeps them once (docs/image-layout.md,
+# "Layers"). Their stages (builder/render/templates/dockerfile/07-shared.j2) unpack wheels with uv's
+# --target and hand the final stage the folder OUT, whose contents it copies in:
+#
+#   cuda    the CUDA wheels, unpacked by uv at OUT/TREE: the whole tree (nvidia/, every
+#           nvidia_*.dist-info; empty where the lock has none). The venv's site-packages links each
+#           of its entries.
+#   torch   of the lock's torch set, unpacked by uv at FROM, the files that are the same bytes in
+#           the wheels of every Python: torch/lib/* but libtorch_python.so and libtorch_cpu.so, and
+#           Triton's backends/ (ptxas, libdevice, headers) but its static archives, which
+#           slim-venv.sh drops too (and ptxas-blackwell with --drop-ptxas-blackwell, as slim-venv.sh
+#           does). Measured on torch 2.14.1 and Triton 3.8.0, cp311 against cp313, from the wheels'
+#           RECORDs: 555.6 MB of torch/lib and 386.0 MB of triton/backends/nvidia are equal; every
+#           other file of torch/lib and triton/_C differs. They move to OUT/TREE/<the same path>;
+#           FROM goes.
+#   link    in the venv's torch RUN, after uv installed the same wheels into SITE_PACKAGES: each
+#           file there that is byte for byte the one at TREE/<its path> becomes a relative link to
+#           it, so the venv's layer keeps a link, not a second copy. A file that differs stays (and
+#           is counted): the image is right either way, it only shares less.
+#
+# cuda and torch then make the tree the same bytes whenever and wherever the stage runs:
+#  - uv's install record of each distribution (`*.dist-info/uv_cache.json`: the install's wall-clock
+#    time) and its line in RECORD go, as imagebuild/slim-venv.sh does in the venv;
+#  - no __pycache__ (a .pyc names one Python) and no bin/ (the venv links packages only: a program
+#    there would be on no PATH, so a CUDA wheel that brings one fails the build here);
+#  - the tree is the venv's: UID, group GID, folders 2775 (setgid), files 0664, or 0775 where the
+#    wheel made them executable, whatever the stage's umask (the root boundary: `pip install`
+#    works as pt, also after a uid remap, through the group); the folders above it (OUT/opt) are
+#    root's, 0755;
+#  - every entry gets the time EPOCH (touch -h: links too), so the layer's tar is the same.
+set -eu
+usage() {
+    echo "usage: shared-tree.sh cuda OUT TREE UID GID EPOCH | torch FROM OUT TREE UID GID EPOCH" \
+         "[--drop-ptxas-blackwell] | link TREE SITE_PACKAGES" >&2
+    exit 2
+}
+
+seal() {  # OUT TREE UID GID EPOCH
+    out=$1 tree=$1$2
+    rm -f "$tree/.lock"
+    for record in "$tree"/*.dist-info/uv_cache.json; do
+        [ -e "$record" ] || continue
+        rm -f "$record"
+        sed -i '/^[^,]*\.dist-info\/uv_cache\.json,/d' "${record%/uv_cache.json}/RECORD"
+    done
+    find "$tree" -depth -type d -name __pycache__ -exec rm -rf {} +
+    find "$out" -path "$tree" -prune -o -exec chown -h 0:0 {} + -exec chmod 0755 {} +
+    chown -hR "$3:$4" "$tree"
+    find "$tree" -type d -exec chmod 2775 {} +
+    find "$tree" -type f -perm -u+x -exec chmod 0775 {} +
+    find "$tree" -type f ! -perm -u+x -exec chmod 0664 {} +
+    find "$out" -exec touch -h -d "@$5" {} +
+    echo "shared-tree.sh: $tree: $(du -sm "$tree" | cut -f1) MiB, $(find "$tree" -type f | wc -l) files"
+}
+
+case ${1:-} in
+    cuda)
+        [ $# -eq 6 ] || usage
+        tree=$2$3
+        # No CUDA wheel at all (a CPU-only torch, or one that bundles CUDA) leaves an empty tree.
+        if ls -d "$tree"/*.dist-info >/dev/null 2>&1 && [ ! -d "$tree/nvidia" ]; then
+            echo "shared-tree.sh: $tree/nvidia: the CUDA wheels were unpacked elsewhere" >&2
+            exit 1
+        fi
+        if [ -e "$tree/bin" ]; then
+            echo "shared-tree.sh: $tree/bin: a CUDA wheel installs programs ($(ls "$tree/bin" | head -3 | tr '\n' ' '))" >&2
+            exit 1
+        fi
+        seal "$2" "$3" "$4" "$5" "$6" ;;
+    torch)
+        case $# in 7) ;; 8) [ "$8" = --drop-ptxas-blackwell ] || usage ;; *) usage ;; esac
+        from=$2 tree=$3$4
+        if [ ! -d "$from/torch/lib" ]; then echo "shared-tree.sh: $from/torch/lib: torch was not unpacked there" >&2; exit 1; fi
+        dirs=torch/lib
+        if [ -d "$from/triton/backends" ]; then
+            dirs="$dirs triton/backends"
+            find "$from/triton" -type f -name '*.a' -delete
+        fi
+        if [ "${8:-}" = --drop-ptxas-blackwell ]; then rm -f "$from/triton/backends/nvidia/bin/ptxas-blackwell"; fi
+        mkdir -p "$tree"
+        # shellcheck disable=SC2086 # $dirs: two fixed words
+        (cd "$from" && find $dirs -type f ! -name libtorch_python.so ! -name libtorch_cpu.so) | while IFS= read -r path; do
+            mkdir -p "$tree/${path%/*}"
+            mv "$from/$path" "$tree/$path"
+        done
+        rm -rf "$from"
+        seal "$3" "$4" "$5" "$6" "$7" ;;
+    link)
+        [ $# -eq 3 ] || usage
+        tree=$2 sp=$3 linked=0 bytes=0 kept=0
+        for need in "$tree" "$sp"; do
+            if [ ! -d "$need" ]; then echo "shared-tree.sh: $need: not a folder" >&2; exit 1; fi
+        done
+        # find's output: no file name in a wheel has a newline.
+        while IFS= read -r path; do
+            here=$sp/$path
+            if [ -f "$here" ] && [ ! -L "$here" ] && cmp -s "$tree/$path" "$here"; then
+                size=$(stat -c %s "$here")
+                ln -sfr "$tree/$path" "$here"
+                linked=$((linked + 1)) bytes=$((bytes + size))
+            else
+                kept=$((kept + 1))
+            fi
+        done <<LIST
+$(cd "$tree" && find . -type f | sed 's#^\./##')
+LIST
+        echo "shared-tree.sh: $sp: $linked files ($((bytes / 1048576)) MiB) are links to $tree;" \
+             "$kept of its files are not the venv's (not shared)" ;;
+    *) usage ;;
+esac
