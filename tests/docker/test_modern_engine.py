@@ -54,9 +54,9 @@ NAMESPACE = "modern"
 #: Patch day (an OS-only change): what a node that holds the image before must store (classic) or fetch
 #: (containerd) anew.
 PATCH_DAY_SHARE = 0.10
-#: The layers below the weekly OS layer: the CUDA wheels, the base, the user, the venv, torch, tools
-#: (docs/image-layout.md).
-BELOW_OS = 6
+#: The layers below the weekly OS layer: the CUDA wheels, torch's shared files, the base, the user, the venv,
+#: torch, tools (docs/image-layout.md).
+BELOW_OS = 7
 #: What the containerd store alone runs: the image in containers, publish, and diff, sbom and audit. In the classic
 #: store they would run the same code on the same engine as the containerd store's run or 20.10's
 #: (test_publish.py, test_hpc.py), so there the module proves only what is the store's own.
@@ -129,8 +129,8 @@ def _held_layers(modern: Modern) -> list[pulllib.Layer]:
 
 def test_patch_day_renews_the_os_layer_and_keeps_the_venv_below_it(modern: Modern) -> None:
     """A newer security suite (another OS snapshot key, as test_security_updates.py simulates it; nothing else
-    changed), built with the layer cache as a CI builder has it: the CUDA wheels, the base, the user, the venv,
-    torch and the tools keep their chain IDs, and a node that holds the image before pays at most 10% of it anew."""
+    changed), built with the layer cache as a CI builder has it: the CUDA wheels, torch's shared files, the base,
+    the user, the venv, torch and the tools keep their chain IDs, and a node that holds the image before pays at most 10% of it anew."""
     try:
         held = _held_layers(modern)
         r = modern.build_py("build", "--only", CELL, "--json", timeout=1800,
@@ -142,7 +142,8 @@ def test_patch_day_renews_the_os_layer_and_keeps_the_venv_below_it(modern: Moder
         assert kept[:BELOW_OS] == [True] * BELOW_OS and not kept[BELOW_OS], cost["layers"]
         if modern.store == "overlay2":
             kinds = [lay["kind"] for lay in cost["layers"][:BELOW_OS + 1]]
-            assert kinds == ["CUDA wheels", "base", "user", "venv", "torch", "tools", "OS (apt)"], kinds
+            assert kinds == ["CUDA wheels", "torch's shared files", "base", "user", "venv", "torch", "tools",
+                             "OS (apt)"], kinds
         new = [(lay["kind"], lay["size"]) for lay in cost["layers"] if lay["new_chain"]]
         assert cost["new_by_chain_share"] <= PATCH_DAY_SHARE, (
             f"{modern.store}: patch day costs {cost['new_by_chain'] / 1e6:,.1f} MB of {cost['size'] / 1e6:,.1f} MB "

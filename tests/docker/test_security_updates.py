@@ -154,7 +154,7 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     assert "wheel(s) downloaded" not in r.stderr, r.stderr[-2000:]
     cost = pulllib.cost(held, pulllib.read_layers(f"{repo}:{cell}", db))
     kept = [lay["kind"] for lay in cost["layers"] if not lay["new_chain"]]
-    assert kept[:6] == ["CUDA wheels", "base", "user", "venv", "torch", "tools"], cost["layers"]
+    assert kept[:7] == ["CUDA wheels", "torch's shared files", "base", "user", "venv", "torch", "tools"], cost["layers"]
     assert cost["new_by_chain_share"] <= PATCH_DAY_SHARE, (
         f"patch day stores {cost['new_by_chain'] / 1e6:,.1f} MB of {cost['size'] / 1e6:,.1f} MB anew "
         f"({cost['new_by_chain_share']:.1%}): {[(lay['kind'], lay['size']) for lay in cost['layers'] if lay['new_chain']]}")

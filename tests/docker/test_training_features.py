@@ -196,7 +196,7 @@ def test_devel_shares_its_runtime_cells_layers(cell: str, docker_client: docker.
                 == (spec.torch, spec.cuda, spec.base, spec.platform))
     devel = docker_client.images.get(image_of(cell)).attrs["RootFS"]["Layers"]
     runtime = docker_client.images.get(image_of(twin)).attrs["RootFS"]["Layers"]
-    shared = 6  # the CUDA wheels, the base's files, the user, the venv, torch and the tools
+    shared = 7  # the CUDA wheels, torch's shared files, the base's files, the user, the venv, torch and the tools
     assert devel[:shared] == runtime[:shared], "the devel image does not build on its runtime cell's layers"
     assert devel[shared] not in runtime, "the devel layers should follow the tools layer"
 
