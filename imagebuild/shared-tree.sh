@@ -29,6 +29,7 @@
 #    time) and its line in RECORD go, as imagebuild/slim-venv.sh does in the venv;
 #  - no __pycache__ (a .pyc names one Python) and no bin/ (the venv links packages only: a program
 #    there would be on no PATH, so a CUDA wheel that brings one fails the build here);
+#  - files of the same bytes (over 4 kB) are one inode, hard-linked in byte order of their paths;
 #  - the tree is the venv's: UID, group GID, folders 2775 (setgid), files 0664, or 0775 where the
 #    wheel made them executable, whatever the stage's umask (the root boundary: `pip install`
 #    works as pt, also after a uid remap, through the group); the folders above it (OUT/opt) are
@@ -50,6 +51,15 @@ seal() {  # OUT TREE UID GID EPOCH
         sed -i '/^[^,]*\.dist-info\/uv_cache\.json,/d' "${record%/uv_cache.json}/RECORD"
     done
     find "$tree" -depth -type d -name __pycache__ -exec rm -rf {} +
+    # Identical files (Triton's backends carry each CUPTI library three times: 27 MB) become hard links,
+    # as slim-venv.sh makes them in the venv; by content, the first path in byte order keeps the inode,
+    # so every stage makes the same links on any base (BuildKit's COPY keeps them).
+    find "$tree" -type f -size +4k | LC_ALL=C sort | xargs -d '\n' -r sha256sum | LC_ALL=C sort -s -k1,1 | {
+        prev='' first=''
+        while read -r hash path; do
+            if [ "$hash" = "$prev" ]; then ln -f "$first" "$path"; else prev=$hash first=$path; fi
+        done
+    }
     find "$out" -path "$tree" -prune -o -exec chown -h 0:0 {} + -exec chmod 0755 {} +
     chown -hR "$3:$4" "$tree"
     find "$tree" -type d -exec chmod 2775 {} +

@@ -48,6 +48,8 @@ def unpacked(out: Path, umask: int = 0o022) -> Path:
         lib.mkdir(parents=True)
         (lib / "libcublas.so.13").write_bytes(b"\x7fELF" + b"\0" * 4096)
         (lib / "libcublas.so.13").chmod(0o755)
+        for name in ("libcupti.so.13", "libcupti.so", "libcupti.so.2026"):  # one library, three names (Triton's)
+            (lib / name).write_bytes(b"CUPTI" * 2000)
         (tree / "nvidia" / "cublas" / "__init__.py").write_text("")
         (tree / "nvidia" / "cublas" / "__pycache__").mkdir()
         (tree / "nvidia" / "cublas" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"pyc")
@@ -83,6 +85,9 @@ def test_the_tree_is_the_venvs_and_keeps_no_python_or_time_of_its_own(tmp_path: 
     assert not list(tree.rglob("__pycache__"))
     owned_like_the_venv(tree)
     assert stat.S_IMODE((tree / "nvidia/cublas/lib/libcublas.so.13").stat().st_mode) == 0o775
+    cupti = [(tree / "nvidia/cublas/lib" / n).stat() for n in ("libcupti.so", "libcupti.so.13", "libcupti.so.2026")]
+    assert len({st.st_ino for st in cupti}) == 1 and cupti[0].st_nlink == 3  # the same bytes: one inode
+    assert (tree / "nvidia/cublas/lib/libcublas.so.13").stat().st_nlink == 1
     for above in (tmp_path / "opt",):
         st = above.lstat()
         assert stat.S_IMODE(st.st_mode) == 0o755 and st.st_mtime == int(EPOCH), above
