@@ -229,25 +229,23 @@ class _Builder:
         context (~3 GB per cell otherwise, kept for nothing). Where the wheel server served them, the
         context is only our files, and it stays (the engine keeps them in any case in Docker 28's
         containerd image store, where a pruned context takes the whole layer cache with it)."""
-        if not wheels_in_context:
-            return
-        try:  # the build stands either way
-            freed = self.engine.drop_build_contexts()
-        except EngineError as exc:
-            log.warning("%s: the build contexts stay in the build cache: %s", spec.name, exc)
-        else:
-            if freed:
-                log.info("%s: dropped %.1f GB of build contexts from the build cache", spec.name, freed / 1e9)
+        if wheels_in_context:
+            self._drop(spec, "the build contexts", self.engine.drop_build_contexts)
 
     def _drop_shared_stages(self, spec: ImageSpec) -> None:
+        """Drop the shared trees' stages (3.4 GB of CUDA wheels for CUDA 13): the image holds their files."""
+        self._drop(spec, "the shared trees' stages", self.engine.drop_shared_stages)
+
+    @staticmethod
+    def _drop(spec: ImageSpec, what: str, drop: Callable[[], int]) -> None:
         try:  # the build stands either way
-            freed = self.engine.drop_shared_stages()
+            freed = drop()
         except EngineError as exc:
-            log.warning("%s: the shared trees' stages stay in the build cache: %s", spec.name, exc)
+            log.warning("%s: %s stay in the build cache: %s", spec.name, what, exc)
         else:
             if freed:
-                log.info("%s: dropped %.1f GB of the shared trees' stages from the build cache (the image "
-                         "holds their files)", spec.name, freed / 1e9)
+                log.info("%s: dropped %.1f GB of %s from the build cache", spec.name, freed / 1e9,
+                         what.removeprefix("the "))
 
     def _check_sources(self, ref: str, release: str) -> None:
         """The base lists the release's -updates and -security suites (BaseError with the fix); once per base."""
