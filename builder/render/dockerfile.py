@@ -154,12 +154,15 @@ SHARED_STAGES: Mapping[str, str] = {"cuda_stage": "ptmg-cuda", "cuda_out": "/ptm
                                     "unpacked": "/tmp/ptmg-torch-set"}
 
 
+def site_packages(spec: ImageSpec) -> str:
+    """The venv's site-packages in the cell's image."""
+    return f"{contract.VENV}/lib/python{spec.python}/site-packages"
+
+
 def shared_trees(spec: ImageSpec) -> dict[str, str]:
-    """SHARED_STAGES, and the venv's site-packages with the relative path from there to the CUDA
-    wheels' tree, for the venv's links to it."""
-    site_packages = f"{contract.VENV}/lib/python{spec.python}/site-packages"
-    return {**SHARED_STAGES, "site_packages": site_packages,
-            "cuda_link": posixpath.relpath(contract.CUDA_WHEELS, site_packages)}
+    """SHARED_STAGES, and the relative path from the venv's site-packages to the CUDA wheels' tree,
+    for the venv's links to it."""
+    return {**SHARED_STAGES, "cuda_link": posixpath.relpath(contract.CUDA_WHEELS, site_packages(spec))}
 
 
 def stage_paths() -> dict[str, object]:
@@ -225,6 +228,7 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         stage=stage_paths(),
         py=BUILD_PYTHON,
         shared=shared_trees(spec),
+        site_packages=site_packages(spec),
         source_date_epoch=SOURCE_DATE_EPOCH,
         build_logs=BUILD_LOGS,
         extra_pip=bool(spec.pip),
