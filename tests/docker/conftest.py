@@ -96,28 +96,35 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
 #: Modules that test every native cell: when the session runs one, the other native cells are
 #: built in the background from the start (background.py).
 NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_training_features.py")
-#: Modules that run last, in this order. test_arm64's heavy work (the arm64 cell's emulated build
-#: and test, ~20 min of qemu) runs in the background from the session's start, so it has the most
-#: time to finish; its module then removes that image and its wheels. test_hpc_export needs ~10 GB
-#: of disk for a while (an unpacked root and its squashfs), so it runs when the builds are done;
-#: test_pyxis and test_enroot run the same squashfs (exported_sqsh, held until the session ends), and
-#: test_enroot enroot's own import of the image, after it. Any module that takes exported_sqsh runs
-#: here: run earlier, it would hold the 4 GB export beside every build of the session.
-RUN_LAST = ("test_arm64.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py")
-#: Modules that run after NATIVE_FOR, before RUN_LAST: the second engine's cold builds (test_modern_engine:
-#: its data-root peaks at about 15 GB) wait until the native cells' builds are done and their build cache
-#: is dropped, and end before the export holds its 4 GB.
-AFTER_NATIVE = ("test_modern_engine.py",)
+#: The modules that use those cells: NATIVE_FOR, and test_arm64 (it publishes the amd64 2.14.1 cell beside
+#: the arm64 one under one tag). After the last of them, the native cells that this session built (no
+#: image of that name was here before it) are removed again (:func:`drop_session_native_cells`): nothing
+#: after uses them, and their ~13 GB would otherwise sit under the second engine's cold builds and the
+#: export.
+USE_NATIVE = (*NATIVE_FOR, "test_arm64.py")
+#: Modules that run after NATIVE_FOR, in this order, the disk's largest users one at a time:
+#: - test_arm64: its heavy work (the arm64 cell's emulated build and test, ~20 min of qemu) runs in
+#:   the background from the session's start, so by now it has long finished; its module then
+#:   removes that image and the aarch64-only wheels (~8 GB), before the second engine needs the disk;
+#: - test_modern_engine: the second engine's cold builds (its data-root peaks at about 19 GB in the
+#:   containerd store: the shared trees' stages beside the image and its compressed blobs) wait until
+#:   the native cells' builds are done and their build cache is dropped, and end before the export
+#:   holds its 4 GB;
+#: - test_hpc_export needs ~10 GB for a while (an unpacked root and its squashfs); test_pyxis and
+#:   test_enroot run the same squashfs (exported_sqsh, held until the session ends), and test_enroot
+#:   enroot's own import of the image, after it. Any module that takes exported_sqsh runs here: run
+#:   earlier, it would hold the 4 GB export beside every build of the session.
+RUN_LAST = ("test_arm64.py", "test_modern_engine.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The modules in NATIVE_FOR after the others (the background build of the native cells
-    overlaps those), then AFTER_NATIVE, then RUN_LAST in its order; stable: each group keeps its order."""
+    overlaps those), then RUN_LAST in its order; stable: each group keeps its order."""
     def rank(item: pytest.Item) -> int:
         name = item.path.name
         if name in RUN_LAST:
-            return 3 + RUN_LAST.index(name)
-        return 2 if name in AFTER_NATIVE else int(name in NATIVE_FOR)
+            return 2 + RUN_LAST.index(name)
+        return int(name in NATIVE_FOR)
     items.sort(key=rank)
 
 
@@ -143,7 +150,9 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
         if native_needed:
             own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
             cells = load_matrix(cellimage.ROOT / "images.yaml").cells
-            native = [a for c in cells if not c.emulated and c.name != own for a in ("--only", c.name)]
+            others = [c for c in cells if not c.emulated and c.name != own]
+            native = [a for c in others for a in ("--only", c.name)]
+            SESSION_NATIVE[:] = session_native_refs(others, _local_tags(docker_client, others))
             cellimage.JOBS[cellimage.NATIVE] = Job(
                 cellimage.NATIVE, [Step("build", (*build_py, "build", *native), timeout=5400)],
                 ARTIFACTS / "background-native.log").start()
@@ -160,14 +169,57 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
         cellimage.JOBS.clear()
 
 
+#: The refs the background build of the native cells may make that no image had before this session:
+#: removed after the last USE_NATIVE module (drop_session_native_cells).
+SESSION_NATIVE: list[str] = []
+
+
+def session_native_refs(cells: list[Any], present: set[str]) -> list[str]:
+    """Of the background build's cells, the refs (each cell's, and `latest` where it is the cell that
+    takes it) that were not in the engine when the session started: what the session will have made.
+    A ref that was there stays, whatever the session builds under it (a user's `make images`)."""
+    refs = [c.ref for c in cells] + [f"{c.repository}:latest" for c in cells if c.latest]
+    return [r for r in refs if r not in present]
+
+
+def _local_tags(client: docker.DockerClient, cells: list[Any]) -> set[str]:
+    return {tag for repo in {c.repository for c in cells} for image in client.images.list(name=repo)
+            for tag in image.tags}
+
+
+def drop_session_native_cells(request: pytest.FixtureRequest, client: docker.DockerClient) -> None:
+    """After the session's last module in USE_NATIVE: remove the native cells its background build made
+    (SESSION_NATIVE), once that build has ended. Nothing after uses them (the second engine's module and
+    the export's run the session's own cell), and in a run from an empty engine they hold ~13 GB beside
+    the second engine's cold builds and the export."""
+    name = request.node.path.name
+    modules = [item.path.name for item in request.session.items]
+    if name not in USE_NATIVE or any(m in USE_NATIVE for m in modules[modules.index(name) + 1:]) \
+            or not SESSION_NATIVE:
+        return
+    cellimage.wait_for_native_cells()
+    for ref in SESSION_NATIVE:
+        try:
+            client.images.remove(ref)
+        except docker.errors.ImageNotFound:
+            continue
+        except docker.errors.APIError as exc:
+            LOGGER.warning("removing %s: %s", ref, exc)
+            continue
+        print(f"\nremoved {ref} (built by this session's background build; `make images` keeps one)")
+    SESSION_NATIVE.clear()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.DockerClient) -> Iterator[None]:
     """After each module: drop the build cache's layers that no image holds any more (a test's
     throwaway image, a cell image a rebuild replaced), and note the disk in
     test-artifacts/disk-usage.txt. Cache mounts (apt) and build contexts stay, and so does every
     layer an image uses. The tier's images take ~40 GB on machines with 50-80 GB free; without
-    this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module."""
+    this, one run's leftovers (~6 GB per rebuilt cell) can fill the disk before the last module.
+    After the last module that uses the native cells, the ones this session built go first."""
     yield
+    drop_session_native_cells(request, docker_client)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     busy = cellimage.building()
     if busy:  # never prune under a running build: one that meant to reuse a record would lose it

@@ -39,12 +39,46 @@ def _tuple(name: str) -> tuple[str, ...]:
     raise AssertionError(f"tests/docker/conftest.py has no {name}")
 
 
-def test_every_module_on_the_second_engine_waits_for_the_native_builds_or_is_out_of_make_test() -> None:
-    """The second engine's data-root peaks at about 15 GB: beside the native cells' background builds, or
-    beside the export, the disk's low point would fall under 15 GB free."""
-    after = _tuple("AFTER_NATIVE")
+def test_every_module_on_the_second_engine_runs_after_the_native_builds_and_arm64_and_before_the_export() -> None:
+    """The second engine's data-root peaks at about 19 GB: beside the native cells' background builds, the
+    arm64 cell (its image and wheels, ~8 GB, gone once test_arm64 ran), or the export, the disk's low point
+    would fall under 15 GB free (CI's run ran out of disk in the containerd store's build when test_arm64
+    still came after it)."""
+    run_last = _tuple("RUN_LAST")
     users = sorted(p.name for p in DOCKER.glob("test_*.py") if "from .engine28 import" in p.read_text())
-    assert users, "no docker module starts the second engine: drop this test with AFTER_NATIVE"
+    assert users, "no docker module starts the second engine: drop this test"
     repro_only = {p for p in users if "pytestmark = pytest.mark.repro" in (DOCKER / p).read_text()}
-    assert [m for m in users if m not in after and m not in repro_only] == []
+    in_make_test = [m for m in users if m not in repro_only]
+    assert [m for m in in_make_test if m not in run_last] == []
+    for m in in_make_test:
+        assert run_last.index("test_arm64.py") < run_last.index(m) < run_last.index("test_hpc_export.py"), m
     assert "not repro" in (ROOT / "Makefile").read_text()  # repro's module stays out of make test
+
+
+def test_the_session_removes_only_the_native_cells_it_made() -> None:
+    """After the native modules, the docker tier removes what its background build made, never a ref that
+    was in the engine before the session (a user's `make images`), and `latest` only where it made it."""
+    from types import SimpleNamespace
+
+    from tests.docker.conftest import session_native_refs
+
+    cells = [SimpleNamespace(ref="pt:a", repository="pt", latest=False),
+             SimpleNamespace(ref="pt:b", repository="pt", latest=True)]
+    assert session_native_refs(cells, set()) == ["pt:a", "pt:b", "pt:latest"]
+    assert session_native_refs(cells, {"pt:a"}) == ["pt:b", "pt:latest"]
+    assert session_native_refs(cells, {"pt:b", "pt:latest"}) == ["pt:a"]
+    assert session_native_refs(cells, {"pt:a", "pt:b", "pt:latest", "pt:other"}) == []
+
+
+def test_no_module_after_the_native_cells_are_removed_uses_them() -> None:
+    """The native cells the session built are removed after the last USE_NATIVE module: a module after it
+    that waits for them, or reads the amd64 twin of the arm64 cell, would find them gone."""
+    from tests.docker.conftest import RUN_LAST, USE_NATIVE
+
+    last = max(RUN_LAST.index(m) for m in USE_NATIVE if m in RUN_LAST)
+    for name in RUN_LAST[last + 1:]:
+        text = (DOCKER / name).read_text()
+        assert "wait_for_native_cells" not in text and "AMD" not in text, name
+    users = sorted(p.name for p in DOCKER.glob("test_*.py")
+                   if "wait_for_native_cells" in p.read_text() or "AMD = " in p.read_text())
+    assert [m for m in users if m not in USE_NATIVE] == []
