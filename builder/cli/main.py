@@ -9,6 +9,7 @@ logs to stderr.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Sequence
@@ -83,6 +84,14 @@ def _on_platforms(cells: tuple[ImageSpec, ...], wanted: tuple[str, ...]) -> tupl
     return kept
 
 
+def disk_full(exc: OSError) -> str:
+    """One line for a write that found the disk full (a build's log, an export, a report), with the fix."""
+    where = f" writing {exc.filename}" if exc.filename else ""
+    reason = os.strerror(exc.errno or errno.ENOSPC).lower()
+    return (f"error: {reason}{where}. Fix: free disk space (`docker system df`, `docker builder prune`, "
+            "`docker image prune`) and run it again; what was being written is incomplete")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     verb = next(v for v in VERBS if v.name == args.verb)
@@ -100,6 +109,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(disk_full(exc), file=sys.stderr)
+        return EXIT_FAILED
     finally:
         if ctx is not None:
             try:
