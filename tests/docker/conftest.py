@@ -182,6 +182,15 @@ def session_native_refs(cells: list[Any], present: set[str]) -> list[str]:
     return [r for r in refs if r not in present]
 
 
+def last_native_user(module: str, order: list[str]) -> bool:
+    """Whether `module` is the last USE_NATIVE module of the session, whose test items run in `order`
+    (one entry per item: a module's name repeats)."""
+    if module not in USE_NATIVE or module not in order:
+        return False
+    after = len(order) - order[::-1].index(module)
+    return not any(m in USE_NATIVE for m in order[after:])
+
+
 def _local_tags(client: docker.DockerClient, cells: list[Any]) -> set[str]:
     return {tag for repo in {c.repository for c in cells} for image in client.images.list(name=repo)
             for tag in image.tags}
@@ -192,12 +201,11 @@ def drop_session_native_cells(request: pytest.FixtureRequest, client: docker.Doc
     (SESSION_NATIVE), once that build has ended. Nothing after uses them (the second engine's module and
     the export's run the session's own cell), and in a run from an empty engine they hold ~13 GB beside
     the second engine's cold builds and the export."""
-    name = request.node.path.name
-    modules = [item.path.name for item in request.session.items]
-    if name not in USE_NATIVE or any(m in USE_NATIVE for m in modules[modules.index(name) + 1:]) \
-            or not SESSION_NATIVE:
+    if not SESSION_NATIVE or not last_native_user(request.node.path.name,
+                                                  [item.path.name for item in request.session.items]):
         return
     cellimage.wait_for_native_cells()
+    removed: list[str] = []
     for ref in SESSION_NATIVE:
         try:
             client.images.remove(ref)
@@ -206,8 +214,12 @@ def drop_session_native_cells(request: pytest.FixtureRequest, client: docker.Doc
         except docker.errors.APIError as exc:
             LOGGER.warning("removing %s: %s", ref, exc)
             continue
-        print(f"\nremoved {ref} (built by this session's background build; `make images` keeps one)")
+        removed.append(ref)
     SESSION_NATIVE.clear()
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with (ARTIFACTS / "disk-usage.txt").open("a") as f:
+        f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: removed the native cells this session "
+                f"built ({', '.join(removed) or 'none left'}; `make images` keeps them)\n")
 
 
 @pytest.fixture(scope="module", autouse=True)

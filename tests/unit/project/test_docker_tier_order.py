@@ -82,3 +82,17 @@ def test_no_module_after_the_native_cells_are_removed_uses_them() -> None:
     users = sorted(p.name for p in DOCKER.glob("test_*.py")
                    if "wait_for_native_cells" in p.read_text() or "AMD = " in p.read_text())
     assert [m for m in users if m not in USE_NATIVE] == []
+
+
+def test_the_native_cells_go_after_the_last_item_of_the_last_module_that_uses_them() -> None:
+    """The session's order has one entry per test item (CI's first run with the removal never removed a cell:
+    the next item of test_arm64 itself counted as a later user)."""
+    from tests.docker.conftest import last_native_user
+
+    order = ["test_build.py", "test_hpc.py", "test_hpc.py", "test_training_features.py", "test_arm64.py",
+             "test_arm64.py", "test_arm64.py", "test_modern_engine.py", "test_modern_engine.py"]
+    assert last_native_user("test_arm64.py", order)
+    assert not last_native_user("test_hpc.py", order) and not last_native_user("test_training_features.py", order)
+    assert not last_native_user("test_modern_engine.py", order) and not last_native_user("test_build.py", order)
+    assert last_native_user("test_training_features.py", order[:4])  # -k without test_arm64
+    assert not last_native_user("test_arm64.py", ["test_hpc.py"])  # not in this session
