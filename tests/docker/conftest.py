@@ -96,11 +96,11 @@ def _quietly(fn: Any, *args: Any, **kwargs: Any) -> None:
 #: Modules that test every native cell: when the session runs one, the other native cells are
 #: built in the background from the start (background.py).
 NATIVE_FOR = ("test_hpc.py", "test_supply.py", "test_training_features.py")
-#: The modules that use those cells: NATIVE_FOR, and test_arm64 (it publishes the amd64 2.14.1 cell beside
-#: the arm64 one under one tag). After the last of them, the native cells that this session built (no
-#: image of that name was here before it) are removed again (:func:`drop_session_native_cells`): nothing
-#: after uses them, and their ~13 GB would otherwise sit under the second engine's cold builds and the
-#: export.
+#: The modules that may use those cells: NATIVE_FOR, and test_arm64 (its publish names the amd64 twin of
+#: the arm64 cell, AMD; stand-ins today, so it is here to be safe). After the last of them, the native
+#: cells that this session built (no image of that name was here before it) are removed again
+#: (:func:`drop_session_native_cells`): nothing after uses them, and their ~13 GB would otherwise sit
+#: under the second engine's cold builds and the export.
 USE_NATIVE = (*NATIVE_FOR, "test_arm64.py")
 #: Modules that run after NATIVE_FOR, in this order, the disk's largest users one at a time:
 #: - test_arm64: its heavy work (the arm64 cell's emulated build and test, ~20 min of qemu) runs in

@@ -3,7 +3,8 @@ torch's CUDA in the emulated container, the emulated selftest and 2-rank gloo DD
 emulation line, and a publish of one tag with two platforms (a manifest list) to a real registry.
 
 The heavy emulated steps run once per session, in the background from the session's start
-(background.py; this module runs last): the cell is built through `build.py build` (a no-op when
+(background.py; this module runs after those that use the native cells, before the Docker 28
+tests): the cell is built through `build.py build` (a no-op when
 its inputs are unchanged) and tested once through `build.py test`. The publish test uses
 small stand-in images (one per platform, FROM scratch, no RUN: no emulation), so it takes seconds;
 what it checks is the list, not torch.
