@@ -216,10 +216,15 @@ def drop_session_native_cells(request: pytest.FixtureRequest, client: docker.Doc
             continue
         removed.append(ref)
     SESSION_NATIVE.clear()
+    _disk_note(request, f"removed the native cells this session built ({', '.join(removed) or 'none left'}; "
+                        "`make images` keeps them)")
+
+
+def _disk_note(request: pytest.FixtureRequest, text: str) -> None:
+    """A line of test-artifacts/disk-usage.txt: the time, the module just ended, what was done."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with (ARTIFACTS / "disk-usage.txt").open("a") as f:
-        f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: removed the native cells this session "
-                f"built ({', '.join(removed) or 'none left'}; `make images` keeps them)\n")
+        f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: {text}\n")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -232,12 +237,10 @@ def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.Do
     After the last module that uses the native cells, the ones this session built go first."""
     yield
     drop_session_native_cells(request, docker_client)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     busy = cellimage.building()
     if busy:  # never prune under a running build: one that meant to reuse a record would lose it
-        with (ARTIFACTS / "disk-usage.txt").open("a") as f:
-            f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: no prune ({', '.join(busy)} still "
-                    f"building); {shutil.disk_usage('/').free / 1e9:.1f} GB free on /\n")
+        _disk_note(request, f"no prune ({', '.join(busy)} still building); "
+                            f"{shutil.disk_usage('/').free / 1e9:.1f} GB free on /")
         return
     try:
         freed = int(docker_client.api.prune_builds(filters={"type": "regular"}).get("SpaceReclaimed") or 0)
@@ -245,9 +248,7 @@ def reclaim_build_cache(request: pytest.FixtureRequest, docker_client: docker.Do
     except (docker.errors.APIError, OSError) as exc:
         LOGGER.warning("reclaiming build cache: %s", exc)
         return
-    with (ARTIFACTS / "disk-usage.txt").open("a") as f:
-        f.write(f"{time.strftime('%H:%M:%S')} after {request.node.name}: freed {freed / 1e9:.1f} GB of unused "
-                f"build cache; {free / 1e9:.1f} GB free\n")
+    _disk_note(request, f"freed {freed / 1e9:.1f} GB of unused build cache; {free / 1e9:.1f} GB free")
 
 
 @pytest.fixture(scope="session")
