@@ -18,7 +18,10 @@
 #           does). Measured on torch 2.14.1 and Triton 3.8.0, cp311 against cp313, from the wheels'
 #           RECORDs: 555.6 MB of torch/lib and 386.0 MB of triton/backends/nvidia are equal; every
 #           other file of torch/lib and triton/_C differs. They move to OUT/TREE/<the same path>;
-#           FROM goes.
+#           FROM goes. FROM's files are hard links into the uv cache that the venv's torch RUN
+#           copies the set from: the move takes the link, not the cache's name, and sealing the tree
+#           leaves the cache's bytes as uv wrote them (a copy takes neither owner nor time, and the
+#           modes are the ones uv gave under umask 0002); a copy here would write 1.2 GB more.
 #   link    in the venv's torch RUN, after uv installed the same wheels into SITE_PACKAGES: each
 #           file there that is byte for byte the one at TREE/<its path> becomes a relative link to
 #           it, so the venv's layer keeps a link, not a second copy. A file that differs stays (and
@@ -29,7 +32,9 @@
 #    time) and its line in RECORD go, as imagebuild/slim-venv.sh does in the venv;
 #  - no __pycache__ (a .pyc names one Python) and no bin/ (the venv links packages only: a program
 #    there would be on no PATH, so a CUDA wheel that brings one fails the build here);
-#  - files of the same bytes (over 4 kB) are one inode, hard-linked in byte order of their paths;
+#  - files of the same bytes (over 4 kB) are one inode, hard-linked in byte order of their paths
+#    (only files whose size another file shares are hashed: sha256sum over the 3 GB of CUDA wheels
+#    cost 8 s on the critical path of a cold build);
 #  - the tree is the venv's: UID, group GID, folders 2775 (setgid), files 0664, or 0775 where the
 #    wheel made them executable, whatever the stage's umask (the root boundary: `pip install`
 #    works as pt, also after a uid remap, through the group); the folders above it (OUT/opt) are
@@ -54,7 +59,10 @@ seal() {  # OUT TREE UID GID EPOCH
     # Identical files (Triton's backends carry each CUPTI library three times: 27 MB) become hard links,
     # as slim-venv.sh makes them in the venv; by content, the first path in byte order keeps the inode,
     # so every stage makes the same links on any base (BuildKit's COPY keeps them).
-    find "$tree" -type f -size +4k | LC_ALL=C sort | xargs -d '\n' -r sha256sum | LC_ALL=C sort -s -k1,1 | {
+    find "$tree" -type f -size +4k -printf '%s %p\n' \
+        | awk '{ size[NR] = $1; sub(/^[0-9]+ /, ""); path[NR] = $0; count[size[NR]]++ }
+               END { for (i = 1; i <= NR; i++) if (count[size[i]] > 1) print path[i] }' \
+        | LC_ALL=C sort | xargs -d '\n' -r sha256sum | LC_ALL=C sort -s -k1,1 | {
         prev='' first=''
         while read -r hash path; do
             if [ "$hash" = "$prev" ]; then ln -f "$first" "$path"; else prev=$hash first=$path; fi

@@ -148,10 +148,13 @@ BUILD_PYTHON: Mapping[str, object] = {
 #: The shared trees' stages (dockerfile/07-shared.j2) and the folder each fills: its contents (the
 #: tree at contract.CUDA_WHEELS or contract.TORCH_FILES under it) become one of the image's first
 #: layers (each folder has its own name, so that `docker history` tells the two COPYs apart). The torch
-#: stage has uv unpack the whole torch set at `unpacked` first.
+#: stage has uv unpack the whole torch set at `unpacked` first, through a uv cache of its own at
+#: `uv_cache`, which the venv's torch RUN bind-mounts at `uv_cache_mount` and installs from (the set is
+#: fetched and unpacked once per build; dockerfile/_uv-install.j2).
 SHARED_STAGES: Mapping[str, str] = {"cuda_stage": "ptmg-cuda", "cuda_out": "/ptmg-out-cuda",
                                     "torch_stage": "ptmg-torch-files", "torch_out": "/ptmg-out-torch",
-                                    "unpacked": "/tmp/ptmg-torch-set"}
+                                    "unpacked": "/tmp/ptmg-torch-set", "uv_cache": "/ptmg-uv-cache",
+                                    "uv_cache_mount": "/ptmg-build/uv-cache"}
 
 
 def site_packages(spec: ImageSpec) -> str:

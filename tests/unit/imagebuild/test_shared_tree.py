@@ -50,6 +50,7 @@ def unpacked(out: Path, umask: int = 0o022) -> Path:
         (lib / "libcublas.so.13").chmod(0o755)
         for name in ("libcupti.so.13", "libcupti.so", "libcupti.so.2026"):  # one library, three names (Triton's)
             (lib / name).write_bytes(b"CUPTI" * 2000)
+        (lib / "libnvperf host.so").write_bytes(b"NVPRF" * 2000)  # CUPTI's size, other bytes (and a space)
         (tree / "nvidia" / "cublas" / "__init__.py").write_text("")
         (tree / "nvidia" / "cublas" / "__pycache__").mkdir()
         (tree / "nvidia" / "cublas" / "__pycache__" / "__init__.cpython-311.pyc").write_bytes(b"pyc")
@@ -88,6 +89,7 @@ def test_the_tree_is_the_venvs_and_keeps_no_python_or_time_of_its_own(tmp_path: 
     cupti = [(tree / "nvidia/cublas/lib" / n).stat() for n in ("libcupti.so", "libcupti.so.13", "libcupti.so.2026")]
     assert len({st.st_ino for st in cupti}) == 1 and cupti[0].st_nlink == 3  # the same bytes: one inode
     assert (tree / "nvidia/cublas/lib/libcublas.so.13").stat().st_nlink == 1
+    assert (tree / "nvidia/cublas/lib/libnvperf host.so").stat().st_nlink == 1  # the same size is not the same bytes
     for above in (tmp_path / "opt",):
         st = above.lstat()
         assert stat.S_IMODE(st.st_mode) == 0o755 and st.st_mtime == int(EPOCH), above

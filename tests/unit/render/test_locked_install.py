@@ -41,13 +41,15 @@ WHEEL = f"{NAME}-{VERSION}-py3-none-any.whl"
 
 def uv_commands(text: str) -> list[str]:
     """The locked install of every installing RUN of a Dockerfile: its `&&`-steps from the one that
-    picks where the wheels are to the one that runs uv, continuation lines joined."""
+    picks where the wheels are to the last one that runs uv (the function `ptmg_uv` that the RUN
+    defines, called once, or twice where the first try is the torch stage's cache), continuation
+    lines joined."""
     commands = []
     for instruction in text.replace("\\\n", " ").splitlines():
         if instruction.startswith("RUN ") and "/ptmg-build/uv pip install" in instruction:
             steps = instruction.split(" && ")
             first = next(i for i, s in enumerate(steps) if s.lstrip().startswith("wheels="))
-            last = next(i for i, s in enumerate(steps) if "/ptmg-build/uv pip install" in s)
+            last = max(i for i, s in enumerate(steps) if "ptmg_uv" in s)
             commands.append(" && ".join(" ".join(s.split()) for s in steps[first:last + 1]))
     return commands
 
@@ -73,7 +75,7 @@ class Sandbox:
 
     #: Where the shared trees' stages install (uv's --target) and unpack: folders of the sandbox too.
     STAGE_PATHS = ("/tmp/ptmg-uv", dockerfile.SHARED_STAGES["unpacked"], dockerfile.SHARED_STAGES["cuda_out"],
-                   dockerfile.SHARED_STAGES["torch_out"])
+                   dockerfile.SHARED_STAGES["torch_out"], dockerfile.SHARED_STAGES["uv_cache"])
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -113,8 +115,9 @@ def transport(box: Sandbox, how: str) -> Iterator[None]:
         yield
         return
     store = box.build / "store"
-    (box.build / "wheels").rename(store)
-    (box.build / "wheels").mkdir()  # the staged layer folder: empty
+    if not store.exists():  # (a second server, for a later build, serves the same store)
+        (box.build / "wheels").rename(store)
+        (box.build / "wheels").mkdir()  # the staged layer folder: empty
     with wheelserver.serve(store, {layer: [WHEEL] for layer in dockerfile.INSTALL_LAYERS}) as server:
         server.ready(WHEEL)
         (box.secrets / dockerfile.WHEEL_SERVER_ID).write_text(server.url + "\n")
@@ -152,3 +155,57 @@ def test_the_rendered_install_refuses_a_wrong_hash_and_a_line_without_one(comman
             locked = box.install(command, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
             assert locked.returncode == 0 and box.installed(), (command, locked.stderr)
 
+
+
+def torch_set_commands(commands: list[str]) -> tuple[str, str]:
+    """The torch files' stage's install (it fills the stage's uv cache) and the venv's torch install
+    (it installs from that cache), as rendered."""
+    fill = [c for c in commands if f"UV_CACHE_DIR={dockerfile.SHARED_STAGES['uv_cache']} " in c]
+    use = [c for c in commands if f"UV_CACHE_DIR={dockerfile.SHARED_STAGES['uv_cache_mount']} " in c]
+    assert len(fill) == 1 and len(use) == 1, commands
+    return fill[0], use[0]
+
+
+def fill_the_stage_cache(box: Sandbox, fill: str) -> None:
+    """Run the stage's install with the locked hash, then hand its cache to the venv's RUN the way the
+    bind mount does (the same folder at /ptmg-build/uv-cache)."""
+    stage = box.install(fill, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
+    assert stage.returncode == 0, stage.stderr
+    cache = Path(box.map(dockerfile.SHARED_STAGES["uv_cache"]))
+    assert any(cache.rglob(f"{NAME}/__init__.py")), "the stage's install left nothing in its uv cache"
+    (box.build / "uv-cache").symlink_to(cache)
+    for path in box.tmp.glob(f"stage{dockerfile.SHARED_STAGES['unpacked']}/{NAME}"):  # the stage's own copy
+        subprocess.run(["rm", "-rf", str(path)], check=True)
+
+
+@pytest.mark.parametrize("how", ["context", "server"])
+def test_the_venvs_torch_install_takes_the_stages_unpacked_set_and_still_checks_its_hash(
+        commands: list[str], tmp_path: Path, how: str) -> None:
+    fill, use = torch_set_commands(commands)
+    box = Sandbox(tmp_path)
+    with transport(box, how):
+        fill_the_stage_cache(box, fill)
+    # uv still compares the locked hash with the one it recorded when the stage fetched the wheel.
+    wrong = box.install(use, f"{NAME}=={VERSION} --hash=sha256:{'0' * 64}\n")
+    assert wrong.returncode != 0 and box.sha256 in wrong.stderr, wrong.stderr
+    assert not any(box.venv.glob(f"lib/python*/site-packages/{NAME}")), "installed from the cache against the lock"
+    locked = box.install(use, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
+    assert locked.returncode == 0, locked.stderr
+    assert "fetching it again" not in locked.stderr, locked.stderr
+    # Nothing was fetched or unpacked again: uv says "Prepared" for each wheel it downloads or unzips.
+    assert "Prepared" not in locked.stderr, locked.stderr
+    assert any(box.venv.glob(f"lib/python*/site-packages/{NAME}/__init__.py"))
+
+
+def test_a_stage_cached_by_another_wheel_server_falls_back_to_fetching(commands: list[str], tmp_path: Path) -> None:
+    """uv keys its cache by the wheel's URL; the server's port is not part of the layer cache's key (a
+    secret), so a stage cached by an earlier build can hold the set under another address."""
+    fill, use = torch_set_commands(commands)
+    box = Sandbox(tmp_path)
+    with transport(box, "server"):
+        fill_the_stage_cache(box, fill)
+    with transport(box, "server"):  # a second server, at another port, as the next build has
+        locked = box.install(use, f"{NAME}=={VERSION} --hash=sha256:{box.sha256}\n")
+    assert locked.returncode == 0, locked.stderr
+    assert "fetching it again" in locked.stderr, locked.stderr
+    assert any(box.venv.glob(f"lib/python*/site-packages/{NAME}/__init__.py"))
