@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 ARGS ?=
 # The docker tier's selection: everything but `build.py repro`'s two cold builds on Docker 28 and
-# `verify --rebuild`'s build, signed publish and cold rebuild (22 to 36 minutes for both on 2 cores,
+# `verify --rebuild`'s build, signed publish and cold rebuild (20 to 36 minutes for both on 2 cores,
 # measured), over the tier's budget (docs/testing.md), which `make test-repro` runs.
 DOCKER_MARKERS ?= not repro
 # Platforms of the cells to build/test (--platforms): native (default: this host's), all, linux/arm64.
@@ -102,7 +102,7 @@ test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real
 test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone (a second engine, both image stores; also in `make test`)
 	$(PY) -m pytest --durations=25 tests/docker -m modern_engine $(ARGS)
 
-test-repro: $(VENV)/.installed engine tools ## `build.py repro`'s two cold builds and `verify --rebuild`'s build + cold rebuild on Docker 28's containerd store (22-36 min; not in `make test`)
+test-repro: $(VENV)/.installed engine tools ## `build.py repro`'s two cold builds and `verify --rebuild`'s build + cold rebuild on Docker 28's containerd store (20-36 min; not in `make test`)
 	$(PY) -m pytest --durations=25 tests/docker -m repro $(ARGS)
 
 # Mutation testing of the safety modules (scripts/mutants_plan.py), cosmic-ray pinned in
