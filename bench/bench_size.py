@@ -37,6 +37,7 @@ LAYER_KINDS = (  # (what the layer is, a marker of the instruction that made it)
     ("torch's and Triton's files that no Python changes", "COPY /ptmg-out-torch/ / "),
     ("base image", "COPY / / "),
     ("devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
+    ("OS packages (+ g++, python3-dev, rdma-core)", "os-layer.sh apply"),  # made by the OS stage
     ("OS packages (+ g++, python3-dev, rdma-core)", "apt-get install"),
     ("user", "useradd"),
     ("venv (links to the CUDA wheels)", "python3 -m venv"),

@@ -35,6 +35,7 @@ KINDS = (
     ("torch's shared files", "COPY /ptmg-out-torch/ / "),
     ("base", "COPY / / "),
     ("devel toolkit", "cuda-home.sh"),
+    ("OS (apt)", "os-layer.sh apply"),  # what the OS stage's apt changed (dockerfile/06-os.j2)
     ("OS (apt)", "apt-get install"),
     ("user", "useradd"),
     ("venv", "python3 -m venv"),

@@ -157,6 +157,13 @@ SHARED_STAGES: Mapping[str, str] = {"cuda_stage": "ptmg-cuda", "cuda_out": "/ptm
                                     "uv_cache_mount": "/ptmg-build/uv-cache"}
 
 
+#: The OS stage (dockerfile/06-os.j2): apt runs there, on the base and the user, and
+#: imagebuild/os-layer.sh leaves in `out` what it changed (layer.tar, and `deleted`, the paths that went),
+#: measured against the list of every entry it made at `before`; the image's OS layer (50-os.j2)
+#: applies it above the venv.
+OS_STAGE: Mapping[str, str] = {"stage": "ptmg-os", "before": "/tmp/ptmg-os-before", "out": "/ptmg-os"}
+
+
 def site_packages(spec: ImageSpec) -> str:
     """The venv's site-packages in the cell's image."""
     return f"{contract.VENV}/lib/python{spec.python}/site-packages"
@@ -231,6 +238,7 @@ def render(spec: ImageSpec, source: str = "images.yaml") -> str:
         stage=stage_paths(),
         py=BUILD_PYTHON,
         shared=shared_trees(spec),
+        os=OS_STAGE,
         site_packages=site_packages(spec),
         source_date_epoch=SOURCE_DATE_EPOCH,
         build_logs=BUILD_LOGS,

@@ -76,7 +76,9 @@ def test_layers_are_named_by_the_instruction_that_made_them() -> None:
                (75, "COPY / / # buildkit"), (0, "SHELL [/bin/bash]"),
                (9, "RUN useradd pt"), (14, "RUN python3 -m venv --without-pip /opt/venv && ln -s"),
                (1850, 'RUN uv pip install && python -c "import torch, torchvision"'),
-               (232, "RUN uv pip install && pip check"), (276, "RUN apt-get update && apt-get install -y tini"),
+               (232, "RUN uv pip install && pip check"),
+               (276, "RUN |1 PTMG_OS_SNAPSHOT=x /bin/bash -o pipefail -c sh /ptmg-build/os-layer.sh apply /ptmg-build/os /"
+                     " && find / -xdev -type f -perm /6000 -exec chmod ug-s {} +"),
                (1, "COPY entrypoint/ /opt/pt-multi-gpu/entrypoint/ # buildkit")]
     assert pulllib.label_layers([3360, 771, 75, 9, 14, 1850, 232, 276, 1], history) == [
         "CUDA wheels", "torch's shared files", "base", "user", "venv", "torch", "tools", "OS (apt)", "our files"]

@@ -55,7 +55,7 @@ def test_devel_shares_every_layer_up_to_the_tools_with_its_runtime_cell(pair: di
     # Debian packages right after the OS layer; the rest is the runtime cell's, in the same order.
     wheels = devel[tools + 1]
     assert "source=wheelhouse/devel," in wheels and "uv pip install" in wheels
-    os_at = next(i for i, ins in enumerate(devel) if "apt-get upgrade" in ins)
+    os_at = next(i for i, ins in enumerate(devel) if "os-layer.sh apply" in ins)
     assert devel[tools + 2: os_at + 1] == runtime[tools + 1: os_at], "the OS layer follows the devel wheels"
     sbom = next(i for i, ins in enumerate(devel) if "sbom.py" in ins) - 1  # its USER 0:0
     assert devel[sbom:sbom + 2] == runtime[os_at:os_at + 2], "then the runtime cell's SBOM layer"

@@ -28,6 +28,9 @@ CELLS = textwrap.dedent("""\
     """)
 PY = dockerfile.BUILD_PYTHON
 SHARED = dockerfile.SHARED_STAGES
+OS = dockerfile.OS_STAGE
+#: The image's OS layer: it applies what the OS stage's apt changed.
+OS_APPLY = "sh /ptmg-build/os-layer.sh apply /ptmg-build/os /"
 
 
 def _stages(text: str) -> list[list[str]]:
@@ -78,7 +81,7 @@ def test_the_cuda_wheels_are_the_first_layer_then_the_base_then_the_venv_below_t
         assert re.fullmatch(r"COPY --from=\S+ / /", layers[2]), where
         user, venv, torch, tools, os_layer = (_at(final, m, where) for m in (
             "useradd", "-m venv --without-pip", "source=wheelhouse/torch,", "source=wheelhouse/tools,",
-            "apt-get upgrade"))
+            OS_APPLY))
         sbom, ours = _at(final, "sbom.py", where), _at(final, "COPY entrypoint/ ", where)
         assert user < venv < torch < tools < os_layer < sbom < ours, (where, user, venv, torch, tools, os_layer, sbom,
                                                                        ours)
@@ -147,15 +150,52 @@ def test_the_venv_links_each_entry_of_the_cuda_tree_where_it_resolves(texts: dic
 
 
 def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str, str]) -> None:
-    """A build arg keys every RUN after its ARG line: the venv's RUNs must come before it."""
+    """A build arg keys every RUN after its ARG line: the venv's RUNs must come before it, and of the
+    stages only the OS stage may name it (the shared trees' stages are the image's first layers)."""
     for where, text in texts.items():
         stages = _stages(text)
         final = stages[-1]
         arg = _at(final, f"ARG {contract.OS_SNAPSHOT_ARG}", where)
-        assert arg == _at(final, "apt-get upgrade", where) - 1, where
+        assert arg == _at(final, OS_APPLY, where) - 1, where
         venv_runs = [i for i, ins in enumerate(final) if "/ptmg-build/uv pip install" in ins]
         assert venv_runs and max(venv_runs) < arg, f"{where}: a venv RUN after the ARG would be keyed on the snapshot"
-        assert not any(contract.OS_SNAPSHOT_ARG in ins for stage in stages[:-1] for ins in stage), where
+        os_stage = _os_stage(text, where)
+        assert _at(os_stage, f"ARG {contract.OS_SNAPSHOT_ARG}", where) == _at(os_stage, "apt-get upgrade", where) - 1
+        assert not any(contract.OS_SNAPSHOT_ARG in ins for stage in stages[:-1] if stage != os_stage
+                       for ins in stage), where
+
+
+def _os_stage(text: str, where: str) -> list[str]:
+    (stage,) = (st for st in _stages(text) if st[0].endswith(f" AS {OS['stage']}"))
+    return stage
+
+
+def test_apt_runs_in_the_os_stage_on_the_base_and_the_user_and_the_image_applies_it(texts: dict[str, str]) -> None:
+    """The OS stage starts from the image's base with the image's user RUN (apt adds sshd to the same
+    /etc/passwd), after the build's Python (both lock apt's cache mounts: the wheels' stages wait for
+    that one, not for apt's whole OS work); its RUN records the tree before apt and collects after
+    everything else. The image's layer 4 is one RUN that applies that and strips setuid bits."""
+    for where, text in texts.items():
+        stages = _stages(text)
+        final = stages[-1]
+        os_stage = _os_stage(text, where)
+        base = re.fullmatch(r"COPY --from=(\S+) / /", _layers(final)[2])
+        assert base and os_stage[0] == f"FROM {base.group(1)} AS {OS['stage']}", where
+        user, run = _layers(os_stage)
+        assert user == final[_at(final, "useradd", where)], where
+        assert f"--mount=type=bind,from={PY['stage']},source={PY['stage_libs']}," in run, where
+        assert stages.index(os_stage) == 1 and stages[0][0].endswith(f" AS {PY['stage']}"), where
+        body = run.split("--mount=type=secret,id=ca-bundle ", 1)[1]
+        assert body.startswith(f"sh /ptmg-build/os-layer.sh mark / {OS['before']} && "), (where, body[:200])
+        assert body.endswith(f"&& sh /ptmg-build/os-layer.sh collect / {OS['before']} {OS['out']}"), where
+        assert body.index("apt-get upgrade") < body.index("rm -f /etc/ssh/ssh_host_*") < body.index(
+            dockerfile.BUILD_LOGS) < body.index("os-layer.sh collect"), where
+        apply = final[_at(final, OS_APPLY, where)]
+        assert apply.startswith(f"RUN --mount=type=bind,from={OS['stage']},source={OS['out']},target=/ptmg-build/os "), where
+        assert apply.endswith(f"{OS_APPLY} && find / -xdev -type f -perm /6000 -exec chmod ug-s {{}} +"), where
+        assert final[_at(final, OS_APPLY, where) - 2] == "USER 0:0", where
+        assert not any("apt-get" in ins for ins in final if "build-essential" not in ins), \
+            f"{where}: apt runs in the OS stage (and devel's own packages)"
 
 
 def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin(texts: dict[str, str]) -> None:
@@ -174,8 +214,8 @@ def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin
 def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(texts: dict[str, str]) -> None:
     for where, text in texts.items():
         stages = _stages(text)
-        assert len(stages) == 4, where
-        stage, _, _, final = stages
+        assert len(stages) == 5, where
+        stage, _, _, _, final = stages
         copied = re.fullmatch(r"COPY --from=(\S+) / /", _layers(final)[2])
         assert copied, where
         assert stage[0] == f"FROM {copied.group(1)} AS {PY['stage']}", where
@@ -184,6 +224,6 @@ def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(tex
         assert "install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io binutils python3 " \
                "python3-venv &&" in run, where
         # The image gets its python3 (the one the venv names) from its own OS layer.
-        os_run = final[_at(final, "apt-get upgrade", where)]
+        os_run = _os_stage(text, where)[-1]
         assert " python3 " in os_run and " python3-venv " in os_run, where
         assert not any(f"from={PY['stage']}" in ins for ins in final if "build-python.sh" not in ins), where
