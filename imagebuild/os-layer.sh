@@ -6,9 +6,9 @@
 # The OS layer (apt: Debian's fixes and the image's packages) sits above the venv, so that Debian's
 # weekly fixes renew only it (docs/image-layout.md, "Layers"). apt itself needs nothing of the venv,
 # so it runs in a stage of its own (builder/render/templates/dockerfile/06-os.j2), on the base and
-# the user as the image has them, while the wheels are fetched and unpacked; the image's layer then
-# only applies what that stage changed. The OS work leaves the cold build's critical path, and
-# every cell on one base and package list shares the stage.
+# the user as the image has them, beside the wheels' stages; the image's layer then only applies
+# what that stage changed. Every cell on one base and package list shares the stage, so a second
+# cell's build runs no apt, and their OS layers are the same files, times included.
 #
 #   mark     before apt: STATE gets every entry of ROOT that is on ROOT's own filesystem (mounts,
 #            such as the RUN's /proc, /etc/hosts and apt's cache mounts, are left out), each with
