@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from builder.common.log import log
@@ -10,6 +11,12 @@ from builder.engine.translate import _translated
 
 #: What marks a shared tree's stage in a cache record's description (its RUN's last command).
 SHARED_STAGE_MARKS = ("/ptmg-build/shared-tree.sh cuda ", "/ptmg-build/shared-tree.sh torch ")
+#: The build cache's listing, asked again after this many seconds each time it fails on a snapshot that is
+#: gone: right after a build, Docker 28's containerd image store can list a record whose read-only view
+#: (`<id>-view`, a bind mount's) BuildKit is still removing, and refuses the whole listing ("snapshot
+#: ...-view does not exist: not found"; moby/buildkit#3599). Seen after `build.py repro`'s builds;
+#: 10 s later the same listing answered.
+LISTING_RETRIES = (1.0, 2.0, 4.0, 8.0)
 
 
 class BuildCache:
@@ -47,15 +54,33 @@ class BuildCache:
         above it too. In the classic store only, for the reason drop_build_contexts gives."""
         if self.store().kind == CONTAINERD:
             return 0
-        ids = {str(r["ID"]) for r in self.client.df().get("BuildCache") or []
+        ids = {str(r["ID"]) for r in self._build_cache()
                if r.get("Type") == "regular" and not r.get("InUse")
                and any(mark in str(r.get("Description") or "") for mark in SHARED_STAGE_MARKS)}
         return self.drop_build_records(ids) if ids else 0
 
+    def _build_cache(self) -> list[dict[str, Any]]:
+        """The engine's build cache records (`docker system df`), asked again while it names a snapshot
+        that is gone (LISTING_RETRIES: at most 15 s more); any other refusal at once."""
+        import docker.errors
+
+        waits = iter(LISTING_RETRIES)
+        while True:
+            try:
+                return list(self.client.df().get("BuildCache") or [])
+            except docker.errors.APIError as exc:
+                why = str(getattr(exc, "explanation", None) or exc)
+                wait = next(waits, None) if "snapshot" in why and "does not exist" in why else None
+                if wait is None:
+                    raise
+                log.info("the engine's build cache listing named a snapshot that is gone (%s); asking again in "
+                         "%.0f s", why, wait)
+                time.sleep(wait)
+
     @_translated
     def build_records(self) -> set[str]:
         """The IDs of the layer records in BuildKit's cache now (not cache mounts, not contexts)."""
-        return {str(r["ID"]) for r in self.client.df().get("BuildCache") or [] if r.get("Type") == "regular"}
+        return {str(r["ID"]) for r in self._build_cache() if r.get("Type") == "regular"}
 
     @_translated
     def drop_build_records(self, ids: set[str]) -> int:

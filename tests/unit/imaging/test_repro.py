@@ -262,6 +262,52 @@ def test_a_builds_own_records_go_and_every_other_stays() -> None:
     assert set(cache.parents) == {"other"}
 
 
+class _Flaky(_Cache):
+    """Docker 28's containerd store right after a build: the listing names a read-only mount's view that
+    BuildKit is removing, `failures` times, then answers."""
+
+    def __init__(self, failures: int, why: str = "snapshot xe7a1dp47ii6enggb9f3gu1hx-view does not exist: not found"):
+        super().__init__({"a": None})
+        self.failures, self.why, self.listings = failures, why, 0
+
+    def df(self) -> dict[str, object]:
+        import docker.errors
+
+        self.listings += 1
+        if self.listings <= self.failures:
+            raise docker.errors.NotFound("500 Server Error", explanation=self.why)
+        return super().df()
+
+
+def test_a_listing_that_names_a_gone_snapshot_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder.engine import buildcache
+    from builder.engine.docker import Engine
+
+    waited: list[float] = []
+    monkeypatch.setattr("builder.engine.buildcache.time.sleep", waited.append)
+    flaky = _Flaky(failures=2)
+    assert Engine(client=flaky, labels={}).build_records() == {"a"}
+    assert flaky.listings == 3 and waited == list(buildcache.LISTING_RETRIES[:2])
+
+
+def test_a_listing_is_asked_again_a_bounded_number_of_times_and_only_for_a_gone_snapshot(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from builder.engine import EngineError, buildcache
+    from builder.engine.docker import Engine
+
+    waited: list[float] = []
+    monkeypatch.setattr("builder.engine.buildcache.time.sleep", waited.append)
+    stuck = _Flaky(failures=99)
+    with pytest.raises(EngineError, match=r"refused build_records: snapshot .*-view does not exist"):
+        Engine(client=stuck, labels={}).build_records()
+    assert stuck.listings == len(buildcache.LISTING_RETRIES) + 1 and sum(waited) <= 15
+    waited.clear()
+    other = _Flaky(failures=1, why="permission denied")
+    with pytest.raises(EngineError, match=r"refused build_records: permission denied"):
+        Engine(client=other, labels={}).build_records()
+    assert other.listings == 1 and waited == []
+
+
 def test_a_record_that_cannot_go_ends_the_rounds() -> None:
     from builder.engine.docker import Engine
     cache = _Cache({"a": None, "b": "a"}, busy=frozenset({"b"}))

@@ -183,7 +183,7 @@ def test_apt_runs_in_the_os_stage_on_the_base_and_the_user_and_the_image_applies
         assert base and os_stage[0] == f"FROM {base.group(1)} AS {OS['stage']}", where
         user, run = _layers(os_stage)
         assert user == final[_at(final, "useradd", where)], where
-        assert f"--mount=type=bind,from={PY['stage']},source={PY['stage_libs']}," in run, where
+        assert f"--mount=type=bind,from={PY['stage']},source={PY['stage_libs']},target=/ptmg-build/after-python,rw " in run, where
         assert stages.index(os_stage) == 1 and stages[0][0].endswith(f" AS {PY['stage']}"), where
         body = run.split("--mount=type=secret,id=ca-bundle ", 1)[1]
         assert body.startswith(f"sh /ptmg-build/os-layer.sh mark / {OS['before']} && "), (where, body[:200])
@@ -191,7 +191,7 @@ def test_apt_runs_in_the_os_stage_on_the_base_and_the_user_and_the_image_applies
         assert body.index("apt-get upgrade") < body.index("rm -f /etc/ssh/ssh_host_*") < body.index(
             dockerfile.BUILD_LOGS) < body.index("os-layer.sh collect"), where
         apply = final[_at(final, OS_APPLY, where)]
-        assert apply.startswith(f"RUN --mount=type=bind,from={OS['stage']},source={OS['out']},target=/ptmg-build/os "), where
+        assert apply.startswith(f"RUN --mount=type=bind,from={OS['stage']},source={OS['out']},target=/ptmg-build/os,rw "), where
         assert apply.endswith(f"{OS_APPLY} && find / -xdev -type f -perm /6000 -exec chmod ug-s {{}} +"), where
         assert final[_at(final, OS_APPLY, where) - 2] == "USER 0:0", where
         assert not any("apt-get" in ins for ins in final if "build-essential" not in ins), \
