@@ -45,6 +45,11 @@ entries() {  # ROOT SKIP...: "<inode> <ctime> <path>\0" for each entry on ROOT's
         | { grep -zvE "$skip" || true; } | LC_ALL=C sort -z
 }
 
+root_of() {  # ROOT as given: without a trailing / (but / itself)
+    r=${1%/}
+    echo "${r:-/}"
+}
+
 relative() {  # ROOT PATH: PATH under ROOT, without ROOT and without a leading /
     if [ "$1" = / ]; then
         echo "${2#/}"
@@ -60,15 +65,13 @@ relative() {  # ROOT PATH: PATH under ROOT, without ROOT and without a leading /
 case $1 in
     mark)
         [ $# -eq 3 ] || usage
-        root=${2%/}
-        [ -n "$root" ] || root=/
+        root=$(root_of "$2")
         skip_state=$(relative "$root" "$(readlink -f "$3")")
         entries "$root" "$skip_state" > "$3"
         ;;
     collect)
         [ $# -eq 4 ] || usage
-        root=${2%/} state=$3 out=$4
-        [ -n "$root" ] || root=/
+        root=$(root_of "$2") state=$3 out=$4
         # STATE and OUT are the stage's own: never in the layer (a path is skipped with all below
         # it), and so are the lists made here, in OUT.
         skip_state=$(relative "$root" "$(readlink -f "$state")")
@@ -80,7 +83,7 @@ case $1 in
         # New or changed: in the list after, not in the one before; the root itself is not an entry
         # of the layer. Gone: a path before that is not one after.
         LC_ALL=C comm -z -13 "$state" "$after" | cut -z -d' ' -f3- | { grep -zvx '\.' || true; } > "$changed"
-        LC_ALL=C comm -z -23 "$state" "$after" | cut -z -d' ' -f3- | LC_ALL=C sort -zu > "$level"
+        cut -z -d' ' -f3- "$state" | LC_ALL=C sort -z > "$level"
         cut -z -d' ' -f3- "$after" | LC_ALL=C sort -z | LC_ALL=C comm -z -23 "$level" - > "$out/deleted"
         # With every folder above each of them that is still there, so that the layer gives each
         # folder the times it had (a changed entry is replaced, not rewritten); by path, so that a

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,9 @@ def apt_changes(root: Path) -> None:
     os.utime(root / "usr/sbin/sshd", ns=(1_700_000_000_000_000_000,) * 2)
 
 
-@pytest.fixture
-def stage(tmp_path: Path) -> tuple[Path, Path, Path]:
-    """(the stage's root after apt, with its collection at /ptmg-os; the image's root before the layer;
-    the collection)."""
+def collected(tmp_path: Path, change: Callable[[Path], None]) -> tuple[Path, Path, Path]:
+    """A base tree marked, changed by `change`, collected: (the stage's root after the change, with its
+    collection at /ptmg-os; the image's root as the tree was before; the collection)."""
     root, image = tmp_path / "stage", tmp_path / "image"
     root.mkdir()
     base_tree(root)
@@ -101,11 +101,17 @@ def stage(tmp_path: Path) -> tuple[Path, Path, Path]:
     marked = run("mark", root, root / "tmp/ptmg-os-before")
     assert marked.returncode == 0, marked.stderr
     time.sleep(0.02)  # past the clock's tick: a change gets another ctime
-    apt_changes(root)
-    collected = run("collect", root, root / "tmp/ptmg-os-before", root / "ptmg-os")
-    assert collected.returncode == 0, collected.stderr
+    change(root)
+    done = run("collect", root, root / "tmp/ptmg-os-before", root / "ptmg-os")
+    assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in (root / "ptmg-os").iterdir()) == ["deleted", "layer.tar"]
     return root, image, root / "ptmg-os"
+
+
+@pytest.fixture
+def stage(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """What apt and the OS RUN change, collected (see `collected`)."""
+    return collected(tmp_path, apt_changes)
 
 
 def test_applying_the_collection_gives_the_tree_apt_left(stage: tuple[Path, Path, Path]) -> None:
@@ -141,17 +147,14 @@ def test_the_layer_holds_what_changed_and_the_folders_above_it_only(stage: tuple
 
 
 def test_the_collection_leaves_out_the_stages_own_files(tmp_path: Path) -> None:
-    root = tmp_path / "stage"
-    root.mkdir()
-    base_tree(root)
-    assert run("mark", root, root / "tmp/ptmg-os-before").returncode == 0
-    (root / "tmp/ptmg-os-beforehand").write_text("a neighbour of the mark's list is not it\n")
-    collected = run("collect", root, root / "tmp/ptmg-os-before", root / "ptmg-os")
-    assert collected.returncode == 0, collected.stderr
-    with tarfile.open(root / "ptmg-os/layer.tar") as tar:
+    def neighbour(root: Path) -> None:
+        (root / "tmp/ptmg-os-beforehand").write_text("a neighbour of the mark's list is not it\n")
+
+    _, _, out = collected(tmp_path, neighbour)
+    with tarfile.open(out / "layer.tar") as tar:
         names = sorted(m.name.removeprefix("./") for m in tar.getmembers())
     assert names == ["tmp", "tmp/ptmg-os-beforehand"]
-    assert (root / "ptmg-os/deleted").read_bytes() == b""
+    assert (out / "deleted").read_bytes() == b""
 
 
 @pytest.mark.parametrize("args", [(), ("mark", "x"), ("collect", "a", "b"), ("apply", "x"), ("patch", "a", "b", "c")])
@@ -170,19 +173,16 @@ def test_apply_refuses_a_folder_without_a_collection(tmp_path: Path) -> None:
 CAP_NET_RAW = bytes.fromhex("0100000200200000000000000000000000000000")
 
 
-def test_a_file_capability_goes_with_the_file(stage: tuple[Path, Path, Path], tmp_path: Path) -> None:
+def test_a_file_capability_goes_with_the_file(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.fail("setting security.capability needs root, as the unit tier runs in CI and the stage's RUN")
-    root = tmp_path / "caps"
-    root.mkdir()
-    base_tree(root)
-    image = tmp_path / "caps-image"
-    subprocess.run(["cp", "-a", str(root), str(image)], check=True)
-    assert run("mark", root, root / "tmp/ptmg-os-before").returncode == 0
-    (root / "usr/bin/ping").write_bytes(b"\x7fELF ping")
-    os.setxattr(root / "usr/bin/ping", "security.capability", CAP_NET_RAW)
-    assert run("collect", root, root / "tmp/ptmg-os-before", root / "ptmg-os").returncode == 0
-    applied = run("apply", root / "ptmg-os", image)
+
+    def ping(root: Path) -> None:
+        (root / "usr/bin/ping").write_bytes(b"\x7fELF ping")
+        os.setxattr(root / "usr/bin/ping", "security.capability", CAP_NET_RAW)
+
+    _, image, out = collected(tmp_path, ping)
+    applied = run("apply", out, image)
     assert applied.returncode == 0, applied.stderr
     assert os.getxattr(image / "usr/bin/ping", "security.capability") == CAP_NET_RAW
 

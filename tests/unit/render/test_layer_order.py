@@ -159,13 +159,13 @@ def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str,
         assert arg == _at(final, OS_APPLY, where) - 1, where
         venv_runs = [i for i, ins in enumerate(final) if "/ptmg-build/uv pip install" in ins]
         assert venv_runs and max(venv_runs) < arg, f"{where}: a venv RUN after the ARG would be keyed on the snapshot"
-        os_stage = _os_stage(text, where)
+        os_stage = _os_stage(text)
         assert _at(os_stage, f"ARG {contract.OS_SNAPSHOT_ARG}", where) == _at(os_stage, "apt-get upgrade", where) - 1
         assert not any(contract.OS_SNAPSHOT_ARG in ins for stage in stages[:-1] if stage != os_stage
                        for ins in stage), where
 
 
-def _os_stage(text: str, where: str) -> list[str]:
+def _os_stage(text: str) -> list[str]:
     (stage,) = (st for st in _stages(text) if st[0].endswith(f" AS {OS['stage']}"))
     return stage
 
@@ -178,7 +178,7 @@ def test_apt_runs_in_the_os_stage_on_the_base_and_the_user_and_the_image_applies
     for where, text in texts.items():
         stages = _stages(text)
         final = stages[-1]
-        os_stage = _os_stage(text, where)
+        os_stage = _os_stage(text)
         base = re.fullmatch(r"COPY --from=(\S+) / /", _layers(final)[2])
         assert base and os_stage[0] == f"FROM {base.group(1)} AS {OS['stage']}", where
         user, run = _layers(os_stage)
@@ -224,6 +224,6 @@ def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(tex
         assert "install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io binutils python3 " \
                "python3-venv &&" in run, where
         # The image gets its python3 (the one the venv names) from its own OS layer.
-        os_run = _os_stage(text, where)[-1]
+        os_run = _os_stage(text)[-1]
         assert " python3 " in os_run and " python3-venv " in os_run, where
         assert not any(f"from={PY['stage']}" in ins for ins in final if "build-python.sh" not in ins), where
