@@ -1,7 +1,8 @@
 #!/bin/sh
 # shared-tree.sh cuda OUT TREE UID GID EPOCH
 # shared-tree.sh torch FROM OUT TREE UID GID EPOCH [--drop-ptxas-blackwell]
-# shared-tree.sh link TREE SITE_PACKAGES
+# shared-tree.sh prune TREE UV_CACHE
+# shared-tree.sh link TREE SITE_PACKAGES [UV_CACHE]
 #
 # The image's first layers are trees of files that are the same bytes for every cell that installs the
 # same wheels, whatever its base or Python, so that a node keeps them once (docs/image-layout.md,
@@ -22,10 +23,21 @@
 #           copies the set from: the move takes the link, not the cache's name, and sealing the tree
 #           leaves the cache's bytes as uv wrote them (a copy takes neither owner nor time, and the
 #           modes are the ones uv gave under umask 0002); a copy here would write 1.2 GB more.
+#   prune   in the venv's torch RUN, before uv copies the set from the stage's uv cache (bind-mounted
+#           read-write, its writes dropped): deletes from each wheel unpacked in UV_CACHE every file
+#           that TREE holds at the same path, and lists those paths in UV_CACHE/ptmg-pruned. In the
+#           stage they were two names of one inode (see torch), so they are the same bytes; uv then
+#           copies only the files the venv keeps (735 MiB less written for torch 2.14.1: uv installs
+#           what the unpacked wheel holds and keeps its RECORD as the wheel wrote it). Python sources
+#           (Triton's backends have a few) stay, so that uv compiles their bytecode as before. A cache that
+#           is not that layout (another uv) loses nothing and lists nothing: uv copies everything,
+#           and link compares as it would without prune.
 #   link    in the venv's torch RUN, after uv installed the same wheels into SITE_PACKAGES: each
 #           file there that is byte for byte the one at TREE/<its path> becomes a relative link to
-#           it, so the venv's layer keeps a link, not a second copy. A file that differs stays (and
-#           is counted): the image is right either way, it only shares less.
+#           it, so the venv's layer keeps a link, not a second copy; so does each file that prune
+#           took out of UV_CACHE and uv therefore did not write (and only those: a file the wheels
+#           do not have stays absent). A file that differs stays (and is counted): the image is right
+#           either way, it only shares less.
 #
 # cuda and torch then make the tree the same bytes whenever and wherever the stage runs:
 #  - uv's install record of each distribution (`*.dist-info/uv_cache.json`: the install's wall-clock
@@ -43,7 +55,7 @@
 set -eu
 usage() {
     echo "usage: shared-tree.sh cuda OUT TREE UID GID EPOCH | torch FROM OUT TREE UID GID EPOCH" \
-         "[--drop-ptxas-blackwell] | link TREE SITE_PACKAGES" >&2
+         "[--drop-ptxas-blackwell] | prune TREE UV_CACHE | link TREE SITE_PACKAGES [UV_CACHE]" >&2
     exit 2
 }
 
@@ -109,16 +121,40 @@ case ${1:-} in
         done
         rm -rf "$from"
         seal "$3" "$4" "$5" "$6" "$7" ;;
-    link)
+    prune)
         [ $# -eq 3 ] || usage
-        tree=$2 sp=$3 linked=0 bytes=0 kept=0
+        tree=$2 cache=$3
+        for need in "$tree" "$cache"; do
+            if [ ! -d "$need" ]; then echo "shared-tree.sh: $need: not a folder" >&2; exit 1; fi
+        done
+        # uv keeps each unpacked wheel at <cache>/archive-v<N>/<id>/, laid out as site-packages.
+        # find's output: no file name in a wheel has a newline.
+        (cd "$tree" && find . -type f ! -name '*.py' | sed 's#^\./##') | while IFS= read -r path; do
+            for wheel in "$cache"/archive-v*/*/; do
+                if [ -f "$wheel$path" ] && [ ! -L "$wheel$path" ]; then
+                    rm -f "$wheel$path"
+                    printf '%s\n' "$path"
+                fi
+            done
+        done > "$cache/ptmg-pruned"
+        echo "shared-tree.sh: $cache: $(wc -l < "$cache/ptmg-pruned") files that $tree holds taken out" ;;
+    link)
+        case $# in 3|4) ;; *) usage ;; esac
+        tree=$2 sp=$3 pruned=/dev/null linked=0 bytes=0 kept=0
+        if [ $# -eq 4 ]; then pruned=$4/ptmg-pruned; fi
         for need in "$tree" "$sp"; do
             if [ ! -d "$need" ]; then echo "shared-tree.sh: $need: not a folder" >&2; exit 1; fi
         done
+        if [ ! -f "$pruned" ] && [ "$pruned" != /dev/null ]; then echo "shared-tree.sh: $pruned: prune did not run" >&2; exit 1; fi
         # find's output: no file name in a wheel has a newline.
         while IFS= read -r path; do
             here=$sp/$path
-            if [ -f "$here" ] && [ ! -L "$here" ] && cmp -s "$tree/$path" "$here"; then
+            if [ ! -e "$here" ] && [ ! -L "$here" ] && grep -Fxq -- "$path" "$pruned"; then
+                size=$(stat -c %s "$tree/$path")
+                mkdir -p "${here%/*}"
+                ln -sr "$tree/$path" "$here"
+                linked=$((linked + 1)) bytes=$((bytes + size))
+            elif [ -f "$here" ] && [ ! -L "$here" ] && cmp -s "$tree/$path" "$here"; then
                 size=$(stat -c %s "$here")
                 ln -sfr "$tree/$path" "$here"
                 linked=$((linked + 1)) bytes=$((bytes + size))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import stat
 import subprocess
 import tarfile
@@ -128,7 +129,7 @@ def test_a_tree_the_venv_cannot_link_fails_the_build(tmp_path: Path, make: objec
 
 
 @pytest.mark.parametrize("args", [("cuda", "x"), ("torch", "a", "b", "c", "1", "2", "3", "--strip"), ("link", "x"),
-                                  ("nothing",), ()])
+                                  ("link", "a", "b", "c", "d"), ("prune", "x"), ("nothing",), ()])
 def test_wrong_arguments_exit_2(args: tuple[str, ...]) -> None:
     done = subprocess.run(["sh", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: shared-tree.sh cuda OUT TREE"), done.stderr
@@ -207,3 +208,77 @@ def test_link_makes_each_equal_file_a_relative_link_and_keeps_the_rest(tmp_path:
     assert "3 files (0 MiB) are links to" in done.stdout and "1 of its files are not the venv's" in done.stdout
     again = run(out, "link", str(tree), str(sp))  # a second pass changes nothing
     assert again.returncode == 0 and "0 files (0 MiB) are links" in again.stdout
+
+
+def uv_cache(where: Path, python: int) -> Path:
+    """uv's cache as the torch files' stage leaves it: each wheel unpacked at archive-v0/<id>/."""
+    unpack_torch_set(where / "archive-v0" / "Xq3torchset", python)
+    other = where / "archive-v0" / "b7sympy" / "sympy"
+    other.mkdir(parents=True)
+    (other / "__init__.py").write_text("import sympy")
+    return where
+
+
+def installed(cache: Path, sp: Path) -> Path:
+    """What uv's copy from that cache writes into site-packages: every unpacked wheel's files."""
+    for wheel in sorted((cache / "archive-v0").iterdir()):
+        shutil.copytree(wheel, sp, symlinks=True, dirs_exist_ok=True)
+    return sp
+
+
+def files(root: Path) -> set[str]:
+    return {p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def test_prune_keeps_uv_from_writing_the_shared_files_and_link_links_exactly_those(tmp_path: Path) -> None:
+    out, _ = torch_files(tmp_path, 1)
+    tree = out / contract.TORCH_FILES.lstrip("/")
+    (tree / "torch/lib/libnot_in_any_wheel.so").write_bytes(b"x")  # the tree's, but no wheel's: never linked
+    cache = uv_cache(tmp_path / "cache", 1)
+    for where in (tree, cache / "archive-v0" / "Xq3torchset"):  # a source stays, for uv to compile it
+        (where / "triton/backends/nvidia/driver.py").write_text("import os")
+    done = run(out, "prune", str(tree), str(cache))
+    assert done.returncode == 0, done.stderr
+    assert f"{cache}: 4 files that {tree} holds taken out" in done.stdout
+    assert files(cache / "archive-v0" / "Xq3torchset") == \
+        {path for path, *_ in TORCH_SET} - SHARED | {"triton/backends/nvidia/driver.py"}
+    assert files(cache / "archive-v0" / "b7sympy") == {"sympy/__init__.py"}
+    assert set((cache / "ptmg-pruned").read_text().splitlines()) == SHARED
+    sp = installed(cache, tmp_path / "venv" / "site-packages")
+    shutil.rmtree(sp / "triton/backends/nvidia/bin")  # every file of it pruned: a folder uv may not make
+    done = run(out, "link", str(tree), str(sp), str(cache))
+    assert done.returncode == 0, done.stderr
+    assert "5 files (0 MiB) are links to" in done.stdout and "1 of its files are not the venv's" in done.stdout
+    assert {p.relative_to(sp).as_posix() for p in sp.rglob("*") if p.is_symlink()} == \
+        SHARED | {"triton/backends/nvidia/driver.py"}
+    for path in SHARED:
+        assert not os.readlink(sp / path).startswith("/")
+        assert (sp / path).resolve() == (tree / path).resolve()
+    assert not (sp / "torch/lib/libnot_in_any_wheel.so").exists()
+    assert (sp / "torch/lib/libtorch_python.so").read_bytes() == b"python 3.11"
+    assert (sp / "sympy/__init__.py").read_text() == "import sympy"
+
+
+def test_a_cache_of_another_layout_loses_nothing_and_link_compares_as_before(tmp_path: Path) -> None:
+    out, _ = torch_files(tmp_path, 1)
+    tree = out / contract.TORCH_FILES.lstrip("/")
+    cache = tmp_path / "cache"
+    unpack_torch_set(cache / "wheels-v5" / "x", 1)  # not uv's archive-v<N>/<id>/
+    done = run(out, "prune", str(tree), str(cache))
+    assert done.returncode == 0 and (cache / "ptmg-pruned").read_text() == "", done.stderr
+    assert files(cache / "wheels-v5" / "x") == {path for path, *_ in TORCH_SET}
+    sp = unpack_torch_set(tmp_path / "venv" / "site-packages", 2)
+    (sp / "torch/lib/libc10.so").unlink()  # absent, and not taken out by prune: stays absent
+    done = run(out, "link", str(tree), str(sp), str(cache))
+    assert done.returncode == 0, done.stderr
+    assert {p.relative_to(sp).as_posix() for p in sp.rglob("*") if p.is_symlink()} == SHARED - {"torch/lib/libc10.so"}
+    assert not (sp / "torch/lib/libc10.so").exists()
+
+
+def test_link_from_a_cache_prune_never_saw_fails(tmp_path: Path) -> None:
+    out, _ = torch_files(tmp_path, 1)
+    tree = out / contract.TORCH_FILES.lstrip("/")
+    (tmp_path / "cache").mkdir()
+    sp = unpack_torch_set(tmp_path / "venv" / "site-packages", 1)
+    done = run(out, "link", str(tree), str(sp), str(tmp_path / "cache"))
+    assert done.returncode == 1 and "prune did not run" in done.stderr, done.stderr

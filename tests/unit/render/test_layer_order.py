@@ -129,8 +129,13 @@ def test_torchs_shared_files_come_from_the_cells_torch_set_and_the_venv_links_th
         torch = final[_at(final, "source=wheelhouse/torch,", where)]
         python = re.search(r"PTMG_PYTHON=(\S+)", text)
         assert python, where
-        link = f"&& sh /ptmg-build/shared-tree.sh link {contract.TORCH_FILES} {contract.VENV}/lib/python{python.group(1)}/site-packages &&"
+        cache = SHARED["uv_cache_mount"]
+        link = (f"&& sh /ptmg-build/shared-tree.sh link {contract.TORCH_FILES} "
+                f"{contract.VENV}/lib/python{python.group(1)}/site-packages {cache} &&")
         assert link in torch and torch.index(link) < torch.index("import torch, torchvision"), where
+        # uv never writes what the venv links: those files leave the copy of the stage's cache first.
+        prune = f"&& sh /ptmg-build/shared-tree.sh prune {contract.TORCH_FILES} {cache} &&"
+        assert prune in torch and torch.index(prune) < torch.index(f"UV_CACHE_DIR={cache} "), where
 
 
 def test_the_venv_links_each_entry_of_the_cuda_tree_where_it_resolves(texts: dict[str, str]) -> None:

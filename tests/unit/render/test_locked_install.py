@@ -35,6 +35,7 @@ from builder.lock import wheelserver
 from builder.render import dockerfile
 from tests.support import MID, cell, small_matrix
 
+ROOT = Path(__file__).resolve().parents[3]
 UV = Path(sys.executable).parent / "uv"  # a dev dependency, the version the builds use (pyproject.toml)
 NAME, VERSION = "ptmgdemo", "1.0"
 WHEEL = f"{NAME}-{VERSION}-py3-none-any.whl"
@@ -84,6 +85,9 @@ class Sandbox:
         self.build.mkdir(parents=True)
         self.secrets.mkdir()
         (self.build / "uv").symlink_to(UV)
+        (self.build / "shared-tree.sh").symlink_to(ROOT / "imagebuild" / "shared-tree.sh")
+        (self.build / "uv-cache").mkdir()  # the torch RUN's mount of the stage's uv cache (here: empty)
+        (tmp / "torch-files").mkdir()  # the image's shared tree of torch's files (here: empty)
         self.sha256 = make_wheel(self.build / "wheels")
         subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(self.venv)], check=True,
                        capture_output=True, timeout=60)
@@ -92,7 +96,7 @@ class Sandbox:
         for path in self.STAGE_PATHS:
             text = text.replace(path, f"{self.tmp}/stage{path}")
         return (text.replace("/ptmg-build", str(self.build)).replace("/run/secrets", str(self.secrets))
-                .replace(contract.VENV, str(self.venv)))
+                .replace(contract.VENV, str(self.venv)).replace(contract.TORCH_FILES, str(self.tmp / "torch-files")))
 
     def install(self, command: str, requirements: str) -> subprocess.CompletedProcess[str]:
         (self.build / "requirements.txt").write_text(requirements)
@@ -173,6 +177,7 @@ def fill_the_stage_cache(box: Sandbox, fill: str) -> None:
     assert stage.returncode == 0, stage.stderr
     cache = Path(box.map(dockerfile.SHARED_STAGES["uv_cache"]))
     assert any(cache.rglob(f"{NAME}/__init__.py")), "the stage's install left nothing in its uv cache"
+    (box.build / "uv-cache").rmdir()
     (box.build / "uv-cache").symlink_to(cache)
     shutil.rmtree(Path(box.map(dockerfile.SHARED_STAGES["unpacked"])))  # the stage's own copy goes
 
