@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from builder.common.errors import InputError
+
 #: What a build can see of the project (mirrors .dockerignore): what the Dockerfile copies into
 #: the image, and imagebuild/ (build-time scripts bind-mounted into RUNs, never copied).
 COPIED = ("ptmg_contract.py", "entrypoint", "smoke_tests", "imagebuild")
@@ -60,8 +62,13 @@ def recipe_hash(dockerfile: str, files: Sequence[Path], root: Path, lock: str = 
 def _hash_files(h: Any, files: Sequence[Path], root: Path) -> None:
     for p in files:
         rel = p.relative_to(root).as_posix()
-        h.update(f"file\0{rel}\0{p.stat().st_mode & 0o777:o}\0".encode())
-        h.update(hashlib.sha256(p.read_bytes()).digest())
+        try:
+            mode, data = p.stat().st_mode, p.read_bytes()
+        except OSError as e:  # listed a moment ago: deleted, renamed or made unreadable since
+            raise InputError(f"{p}: {e.strerror or e}: a file the image copies changed while the build read it",
+                             "nothing was built; run the command again once the checkout is settled") from None
+        h.update(f"file\0{rel}\0{mode & 0o777:o}\0".encode())
+        h.update(hashlib.sha256(data).digest())
 
 
 def git_revision(root: Path) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from builder.common.errors import InputError
 from builder.imaging import inputs
 from builder.matrix import ImageSpec
 from tests.support import MID, small_matrix
@@ -44,3 +45,17 @@ def test_inputs_hash_tracks_every_input(cell: ImageSpec, tmp_path: Path) -> None
     assert inputs.context_files(tmp_path) == files
 
 
+
+
+def test_a_file_gone_between_listing_and_hashing_is_a_located_input_error(tmp_path: Path) -> None:
+    (tmp_path / "entrypoint").mkdir()
+    for name in ("start.sh", "healthcheck"):
+        (tmp_path / "entrypoint" / name).write_text("echo hi\n")
+    files = inputs.context_files(tmp_path)
+    gone = tmp_path / "entrypoint" / "start.sh"
+    gone.unlink()  # as an editor's save-by-rename or a `git checkout` does, mid-build
+    for hashing in (lambda: inputs.inputs_hash("FROM x", files, "sha256:base", tmp_path),
+                    lambda: inputs.recipe_hash("FROM x", files, tmp_path)):
+        with pytest.raises(InputError) as caught:
+            hashing()
+        assert caught.value.lines[0].startswith(f"{gone}: ") and "changed while the build read it" in caught.value.lines[0]
