@@ -27,27 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from pulllib import KINDS  # noqa: E402
+
 from builder.matrix import ImageSpec, load_matrix  # noqa: E402
 from builder.render.dockerfile import BASE_APT, COMPILE_APT, RDMA_APT  # noqa: E402
 
 DOCKER = "/usr/bin/docker"
 MIB = 1 << 20
-LAYER_KINDS = (  # (what the layer is, a marker of the instruction that made it), first match wins
-    ("CUDA wheels (nvidia-*)", "COPY /ptmg-out-cuda/ / "),
-    ("torch's and Triton's files that no Python changes", "COPY /ptmg-out-torch/ / "),
-    ("base image", "COPY / / "),
-    ("devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
-    ("OS packages (+ g++, python3-dev, rdma-core)", "os-layer.sh apply"),  # made by the OS stage
-    ("OS packages (+ g++, python3-dev, rdma-core)", "apt-get install"),
-    ("user", "useradd"),
-    ("venv (links to the CUDA wheels)", "python3 -m venv"),
-    ("torch + torchvision, Triton", "import torch, torchvision"),
-    ("tools (JupyterLab, TensorBoard, pytest)", "pip check"),
-    ("devel: CUDA toolkit wheels, ninja", "pip install"),
-    ("SBOM", "sbom.py"),
-    ("our files (entrypoint/, smoke_tests/, contract)", "COPY "),
-    ("our files (entrypoint/, smoke_tests/, contract)", "build_canary"),
-)
 
 #: Run in the image: the files of every package outside the base packages' dependency closure.
 DPKG_COST = r"""
@@ -128,7 +114,7 @@ def toolchain_cost(spec: ImageSpec) -> dict[str, dict[str, int]]:
 
 
 def kind_of(made_by: str) -> str:
-    return next((k for k, marker in LAYER_KINDS if marker in made_by), "other")
+    return next((long for _, long, marker in KINDS if marker in made_by), "other")
 
 
 def trim_saved(cell: str) -> dict[str, int]:

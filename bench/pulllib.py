@@ -26,25 +26,25 @@ from typing import Any
 
 DOCKER = "/usr/bin/docker"
 MB = 1e6
-#: (what a layer is, a marker of the instruction that made it); first match wins (bench/bench_size.py's kinds)
-#: The first three layers are COPYs (docs/image-layout.md, "Layers"): the CUDA wheels' tree and torch's
-#: shared files from their stages' folders (builder.render.dockerfile.SHARED_STAGES), then the base's files;
-#: before them, the base came first.
+#: (what a layer is, in short and in bench_size.py's table, a marker of the instruction that made it);
+#: first match wins. The first three layers are COPYs (docs/image-layout.md, "Layers"): the CUDA wheels'
+#: tree and torch's shared files from their stages' folders (builder.render.dockerfile.SHARED_STAGES),
+#: then the base's files; before them, the base came first.
 KINDS = (
-    ("CUDA wheels", "COPY /ptmg-out-cuda/ / "),
-    ("torch's shared files", "COPY /ptmg-out-torch/ / "),
-    ("base", "COPY / / "),
-    ("devel toolkit", "cuda-home.sh"),
-    ("OS (apt)", "os-layer.sh apply"),  # what the OS stage's apt changed (dockerfile/06-os.j2)
-    ("OS (apt)", "apt-get install"),
-    ("user", "useradd"),
-    ("venv", "python3 -m venv"),
-    ("torch", "import torch, torchvision"),
-    ("tools", "pip check"),
-    ("devel wheels", "pip install"),
-    ("SBOM", "sbom.py"),
-    ("our files", "COPY "),
-    ("our files", "build_canary"),
+    ("CUDA wheels", "CUDA wheels (nvidia-*)", "COPY /ptmg-out-cuda/ / "),
+    ("torch's shared files", "torch's and Triton's files that no Python changes", "COPY /ptmg-out-torch/ / "),
+    ("base", "base image", "COPY / / "),
+    ("devel toolkit", "devel: build-essential, git, CUDA_HOME", "cuda-home.sh"),
+    ("OS (apt)", "OS packages (+ g++, python3-dev, rdma-core)", "os-layer.sh apply"),  # the OS stage's apt (06-os.j2)
+    ("OS (apt)", "OS packages (+ g++, python3-dev, rdma-core)", "apt-get install"),
+    ("user", "user", "useradd"),
+    ("venv", "venv (links to the CUDA wheels)", "python3 -m venv"),
+    ("torch", "torch + torchvision, Triton", "import torch, torchvision"),
+    ("tools", "tools (JupyterLab, TensorBoard, pytest)", "pip check"),
+    ("devel wheels", "devel: CUDA toolkit wheels, ninja", "pip install"),
+    ("SBOM", "SBOM", "sbom.py"),
+    ("our files", "our files (entrypoint/, smoke_tests/, contract)", "COPY "),
+    ("our files", "our files (entrypoint/, smoke_tests/, contract)", "build_canary"),
 )
 
 
@@ -73,7 +73,7 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
 def kind_of(created_by: str) -> str:
     if not created_by.strip() or created_by.startswith("ADD file:"):
         return "base"
-    return next((name for name, marker in KINDS if marker in created_by), "other")
+    return next((name for name, _, marker in KINDS if marker in created_by), "other")
 
 
 def label_layers(sizes: Sequence[int], history: Sequence[tuple[int, str]]) -> list[str]:
