@@ -141,11 +141,13 @@ case ${1:-} in
     link)
         case $# in 3|4) ;; *) usage ;; esac
         tree=$2 sp=$3 pruned=/dev/null linked=0 bytes=0 kept=0
-        if [ $# -eq 4 ]; then pruned=$4/ptmg-pruned; fi
         for need in "$tree" "$sp"; do
             if [ ! -d "$need" ]; then echo "shared-tree.sh: $need: not a folder" >&2; exit 1; fi
         done
-        if [ ! -f "$pruned" ] && [ "$pruned" != /dev/null ]; then echo "shared-tree.sh: $pruned: prune did not run" >&2; exit 1; fi
+        if [ $# -eq 4 ]; then
+            pruned=$4/ptmg-pruned
+            if [ ! -f "$pruned" ]; then echo "shared-tree.sh: $pruned: prune did not run" >&2; exit 1; fi
+        fi
         # find's output: no file name in a wheel has a newline.
         while IFS= read -r path; do
             here=$sp/$path

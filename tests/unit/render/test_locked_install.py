@@ -33,9 +33,8 @@ import pytest
 import ptmg_contract as contract
 from builder.lock import wheelserver
 from builder.render import dockerfile
-from tests.support import MID, cell, small_matrix
+from tests.support import MID, ROOT, cell, small_matrix
 
-ROOT = Path(__file__).resolve().parents[3]
 UV = Path(sys.executable).parent / "uv"  # a dev dependency, the version the builds use (pyproject.toml)
 NAME, VERSION = "ptmgdemo", "1.0"
 WHEEL = f"{NAME}-{VERSION}-py3-none-any.whl"
