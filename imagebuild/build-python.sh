@@ -4,8 +4,8 @@
 # The Python that fills the venv while the image has none yet (docs/image-layout.md, "Layers").
 # The venv's RUNs sit right on the base, below the OS layer, so that Debian's weekly fixes (the
 # OS layer) leave the venv's layers and their chain IDs alone. The image's own python3 comes from
-# the OS layer above them; while they run, the `ptmg-python` stage (the same base, with python3,
-# python3-venv and binutils from apt, and copies of the libraries they load that the base lacks:
+# the OS layer above them; while they run, the `ptmg-python` stage (the same base, with python3
+# and binutils from apt, and copies of the libraries they load that the base lacks:
 # builder/render/templates/dockerfile/05-python.j2) is bind-mounted at /ptmg-build/python and its
 # python3 fills the venv. The venv's files do not depend on which python3 X.Y of the base's
 # release made them (the .pyc files are hash-checked, the scripts' shebangs name the venv's own

@@ -134,11 +134,14 @@ BUILD_LOGS = "/var/log/apt/* /var/log/dpkg.log /var/log/alternatives.log /var/ca
 
 #: The build's Python: a stage FROM the cell's base with python3 (and binutils, for slim-venv.sh's
 #: strip) from apt, which the venv's RUNs bind-mount read-only at `root`, below the OS layer that
-#: gives the image its own python3 (dockerfile/05-python.j2, imagebuild/build-python.sh). `libs`: its
-#: copies of the libraries its python3 and strip load that the base lacks (LD_LIBRARY_PATH there).
+#: gives the image its own python3. Not python3-venv: it holds only ensurepip, and brings pip's and
+#: setuptools' wheels and ca-certificates (whose certificate hashing was most of the stage's apt
+#: under qemu); the venv is made `--without-pip` by python3's own venv module
+#: (dockerfile/05-python.j2, imagebuild/build-python.sh). `libs`: its copies of the libraries its
+#: python3 and strip load that the base lacks (LD_LIBRARY_PATH there).
 BUILD_PYTHON: Mapping[str, object] = {
     "stage": "ptmg-python",
-    "apt": ("binutils", "python3", "python3-venv"),
+    "apt": ("binutils", "python3"),
     "root": "/ptmg-build/python",
     "stage_libs": "/ptmg-libs",
     "libs": "/ptmg-build/python/ptmg-libs",
