@@ -14,6 +14,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from builder.common import flock
+
 
 def state_dir(root: Path) -> Path:
     """Where the records live: $PTMG_STATE_DIR, else the project's .ptmg-state/."""
@@ -51,13 +53,16 @@ def record_pass(root: Path, image_id: str, cell: str, passed: int, skipped: int,
                 ddp: str = "", backend: str = "", world_size: int = 0) -> SmokePass:
     rec = SmokePass(image_id, cell, passed, skipped, nodes, dt.datetime.now(dt.timezone.utc).isoformat(),
                     ddp, backend, world_size)
-    data = _load(root)
-    data[image_id] = asdict(rec)
     path = _path(root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-    os.replace(fh.name, path)
+    # One writer at a time (two `build.py test` at once, on two cells): each reads the records and
+    # writes them back with its own, so without the lock the last to write drops the other's record.
+    # Readers need none: the file is replaced whole.
+    with flock.exclusive(path.with_suffix(".lock")):
+        data = _load(root)
+        data[image_id] = asdict(rec)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+        os.replace(fh.name, path)
     return rec
 
 
