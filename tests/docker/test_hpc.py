@@ -19,6 +19,8 @@ import shlex
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,27 +52,67 @@ def _need(ref: str) -> None:
 
 
 # --- what the README says, for every cell ---------------------------------------------------
+#: How many of the module's long runs (a cell's selftest, a seed cell's `build.py test`) go at once.
+#: Each is mostly one busy core (the selftest's C++ extension build, torch's imports), and by this
+#: module the background builds are done: run one after another they left the second core idle for
+#: most of the module.
+AT_ONCE = 2
+
+
+@pytest.fixture(scope="module")
+def long_runs(request: pytest.FixtureRequest, session_labels: dict[str, str], test_image: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The README selftest of every cell and `build.py test` of both seed cells, exactly as typed,
+    started AT_ONCE at a time when the first test of them asks (after the background build of the
+    native cells ended), each only if its test was selected; each test then checks its own run's
+    result. test_image: the session's own cell is built first."""
+    selected = {f"{_RUN_OF[item.originalname]} {item.callspec.params['cell']}" for item in request.session.items
+                if item.path == request.path and isinstance(item, pytest.Function) and item.originalname in _RUN_OF}
+
+    def selftest(ref: str) -> Callable[[], subprocess.CompletedProcess[str]]:
+        return lambda: _docker(session_labels, ref, "selftest", timeout=1500)
+
+    def harness(cell: str, junit_dir: Path) -> Callable[[], subprocess.CompletedProcess[str]]:
+        argv = [*BUILD_PY, "test", "--only", cell, "--junit-dir", str(junit_dir)]
+        return lambda: subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
+
+    cellimage.wait_for_native_cells()
+    # `docker run --rm pt-multi-gpu selftest` for the cell that takes `latest`
+    runs = {f"selftest {c.name}": selftest(c.repository if c.latest else c.ref) for c in CELLS}
+    runs |= {f"build.py test {cell}": harness(cell, tmp_path_factory.mktemp(f"junit-{cell}")) for cell in SEEDS}
+    pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="test_hpc")
+    try:
+        yield {name: pool.submit(run) for name, run in runs.items() if name in selected}
+    finally:
+        # A run still going is a container of this session's labels: the session's cleanup removes it.
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: Each test of the long runs, and the name its run has in long_runs.
+_RUN_OF = {"test_readme_selftest_passes_on_every_cell": "selftest",
+           "test_build_py_test_passes_on_both_seed_cells": "build.py test"}
+
+
 @pytest.mark.parametrize("cell", [c.name for c in CELLS])
-def test_readme_selftest_passes_on_every_cell(cell: str, session_labels: dict[str, str], test_image: str) -> None:
-    """test_image: the session's own cell is built first (the rest in the background)."""
+def test_readme_selftest_passes_on_every_cell(cell: str, long_runs: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
     spec = next(c for c in CELLS if c.name == cell)
-    ref = spec.repository if spec.latest else spec.ref  # `docker run --rm pt-multi-gpu selftest` for latest
+    ref = spec.repository if spec.latest else spec.ref
     _need(ref)
-    r = _docker(session_labels, ref, "selftest", timeout=1500)
+    r = long_runs[f"selftest {cell}"].result()
     assert r.returncode == 0, f"`docker run --rm {ref} selftest` failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
     assert f"pt-multi-gpu selftest: {cell} in docker" in r.stdout, r.stdout[-2000:]
     assert re.search(r"PASS\s+test_cpp_extension", r.stdout), r.stdout[-3000:]
 
 
 @pytest.mark.parametrize("cell", SEEDS)
-def test_build_py_test_passes_on_both_seed_cells(cell: str, tmp_path: Path, test_image: str) -> None:
+def test_build_py_test_passes_on_both_seed_cells(cell: str, long_runs: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
     """The harness path: the selftest with the image's probed labels as its expectations (so the
     version checks really compare), JUnit XML per cell, then the DDP job."""
     _need(f"pt-multi-gpu:{cell}")
-    r = subprocess.run([*BUILD_PY, "test", "--only", cell, "--junit-dir", str(tmp_path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=2400, check=False)
+    r = long_runs[f"build.py test {cell}"].result()
     assert r.returncode == 0, f"build.py test --only {cell}:\n{r.stdout[-4000:]}\n{r.stderr[-3000:]}"
-    junit = (tmp_path / f"{cell}.xml").read_text(encoding="utf-8")
+    junit_arg = r.args[r.args.index("--junit-dir") + 1]
+    junit = (Path(junit_arg) / f"{cell}.xml").read_text(encoding="utf-8")
     assert junit.count("<testcase") >= 20 and 'failures="0"' in junit and 'errors="0"' in junit, junit[:600]
     for check in ("test_env[torch]", "test_env[torchvision]", "test_env[python]", "test_env[cuda-arch-list]",
                   "test_cpp_extension"):
