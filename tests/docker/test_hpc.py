@@ -84,8 +84,10 @@ def long_runs(request: pytest.FixtureRequest, session_labels: dict[str, str], te
     try:
         yield {name: pool.submit(run) for name, run in runs.items() if name in selected}
     finally:
-        # A run still going is a container of this session's labels: the session's cleanup removes it.
-        pool.shutdown(wait=False, cancel_futures=True)
+        # A run no test waited for (its test failed first) ends here, within its own time limit, so that
+        # none outlives the module: the native cells this session built are removed after the last
+        # module that uses them. One not started yet never starts.
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 #: Each test of the long runs, and the name its run has in long_runs.
