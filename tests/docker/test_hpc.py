@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from builder.matrix import load_matrix
+from builder.matrix.model import ImageSpec
 
 from . import cellimage
 
@@ -52,6 +53,11 @@ def _need(ref: str) -> None:
 
 
 # --- what the README says, for every cell ---------------------------------------------------
+def _readme_ref(spec: ImageSpec) -> str:
+    """What the README types for a cell: `pt-multi-gpu` alone for the cell that takes `latest`."""
+    return spec.repository if spec.latest else spec.ref
+
+
 #: How many of the module's long runs (a cell's selftest, a seed cell's `build.py test`) go at once.
 #: Each is mostly one busy core (the selftest's C++ extension build, torch's imports), and by this
 #: module the background builds are done: run one after another they left the second core idle for
@@ -77,8 +83,7 @@ def long_runs(request: pytest.FixtureRequest, session_labels: dict[str, str], te
         return lambda: subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
 
     cellimage.wait_for_native_cells()
-    # `docker run --rm pt-multi-gpu selftest` for the cell that takes `latest`
-    runs = {f"selftest {c.name}": selftest(c.repository if c.latest else c.ref) for c in CELLS}
+    runs = {f"selftest {c.name}": selftest(_readme_ref(c)) for c in CELLS}
     runs |= {f"build.py test {cell}": harness(cell, tmp_path_factory.mktemp(f"junit-{cell}")) for cell in SEEDS}
     pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="test_hpc")
     try:
@@ -97,8 +102,7 @@ _RUN_OF = {"test_readme_selftest_passes_on_every_cell": "selftest",
 
 @pytest.mark.parametrize("cell", [c.name for c in CELLS])
 def test_readme_selftest_passes_on_every_cell(cell: str, long_runs: dict[str, Future[subprocess.CompletedProcess[str]]]) -> None:
-    spec = next(c for c in CELLS if c.name == cell)
-    ref = spec.repository if spec.latest else spec.ref
+    ref = _readme_ref(next(c for c in CELLS if c.name == cell))
     _need(ref)
     r = long_runs[f"selftest {cell}"].result()
     assert r.returncode == 0, f"`docker run --rm {ref} selftest` failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
