@@ -135,21 +135,46 @@ pytest_make_collect_report = skipguard.docker_tier_collect_report
 pytest_terminal_summary = skipguard.docker_tier_summary
 
 
+#: Free disk the tier needs at its start where the engine keeps its data, in GB. A run from an empty engine
+#: went from 80 GB free down to 22 (its peak: ~58 GB); one right after `make images`, whose cells it reuses,
+#: from ~51 down to 22. With less, it fills the disk part-way: a build or a selftest fails on ENOSPC
+#: far from the cause, and the rest of the run waits out timeouts.
+FREE_GB_NEEDED = {"empty": 50, "with the cells": 25}
+
+
+def disk_shortfall(free_gb: float, cells_present: bool) -> str | None:
+    """Why the tier would fill the disk from here, or None."""
+    state = "with the cells" if cells_present else "empty"
+    need = FREE_GB_NEEDED[state]
+    if free_gb >= need:
+        return None
+    return (f"the docker tier needs {need} GB free on the engine's disk to start ({state} engine: images.yaml's "
+            f"cells {'are' if cells_present else 'are not'} built), and it has {free_gb:.1f} GB; it would fill the "
+            "disk part-way. Fix: free space (docker image prune -a; docker builder prune -a; old runs' "
+            "/var/tmp/ptmg-* folders), then run it again")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def background_work(request: pytest.FixtureRequest, docker_client: docker.DockerClient,
                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     items = request.session.items
+    from builder.matrix import load_matrix
+
+    cells = load_matrix(cellimage.ROOT / "images.yaml").cells
     native_needed = any(item.path.name in NATIVE_FOR for item in items) and not os.environ.get("PTMG_TEST_IMAGE")
     arm64_needed = any(item.path.name in RUN_LAST and "arm_image" in getattr(item, "fixturenames", ())
                        for item in items)
-    from builder.matrix import load_matrix
+    if native_needed or arm64_needed:  # the whole tier's disk (a module or a -k alone needs far less)
+        root = docker_client.info().get("DockerRootDir") or "/"
+        why = disk_shortfall(shutil.disk_usage(root).free / 1e9, bool(_local_tags(docker_client, list(cells))))
+        if why is not None:
+            pytest.exit(f"{root}: {why}", returncode=2)
     from tests.docker import test_arm64
 
     build_py = (sys.executable, str(cellimage.ROOT / "build.py"))
     try:
         if native_needed:
             own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
-            cells = load_matrix(cellimage.ROOT / "images.yaml").cells
             others = [c for c in cells if not c.emulated and c.name != own]
             native = [a for c in others for a in ("--only", c.name)]
             SESSION_NATIVE[:] = session_native_refs(others, _local_tags(docker_client, others))
