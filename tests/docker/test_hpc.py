@@ -28,7 +28,7 @@ import pytest
 from builder.matrix import load_matrix
 from builder.matrix.model import ImageSpec
 
-from . import cellimage
+from . import cellimage, readme_selftest
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_PY = [sys.executable, str(ROOT / "build.py")]
@@ -75,19 +75,18 @@ def long_runs(request: pytest.FixtureRequest, session_labels: dict[str, str], te
     selected = {f"{_RUN_OF[item.originalname]} {item.callspec.params['cell']}" for item in request.session.items
                 if item.path == request.path and isinstance(item, pytest.Function) and item.originalname in _RUN_OF}
 
-    def selftest(ref: str) -> Callable[[], subprocess.CompletedProcess[str]]:
-        return lambda: _docker(session_labels, ref, "selftest", timeout=1500)
-
     def harness(cell: str, junit_dir: Path) -> Callable[[], subprocess.CompletedProcess[str]]:
         argv = [*BUILD_PY, "test", "--only", cell, "--junit-dir", str(junit_dir)]
         return lambda: subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
 
     cellimage.wait_for_native_cells()
-    runs = {f"selftest {c.name}": selftest(_readme_ref(c)) for c in CELLS}
-    runs |= {f"build.py test {cell}": harness(cell, tmp_path_factory.mktemp(f"junit-{cell}")) for cell in SEEDS}
+    harnesses = {f"build.py test {cell}": harness(cell, tmp_path_factory.mktemp(f"junit-{cell}")) for cell in SEEDS}
     pool = ThreadPoolExecutor(max_workers=AT_ONCE, thread_name_prefix="test_hpc")
     try:
-        yield {name: pool.submit(run) for name, run in runs.items() if name in selected}
+        # The README selftests go in readme_selftest.RUNS too: test_training_features reads its checks there.
+        yield {name: readme_selftest.start(pool.submit, c.name, _readme_ref(c), session_labels)
+               for c in CELLS if (name := f"selftest {c.name}") in selected} | \
+              {name: pool.submit(run) for name, run in harnesses.items() if name in selected}
     finally:
         # A run no test waited for (its test failed first) ends here, within its own time limit, so that
         # none outlives the module: the native cells this session built are removed after the last

@@ -31,13 +31,10 @@ import docker
 import pytest
 
 import ptmg_contract as contract
-from builder.engine import Engine
 from builder.lock import model as lock_model
 from builder.matrix import ImageSpec, load_matrix
-from builder.smoke import runner
-from builder.smoke.results import SelftestRun
 
-from . import cellimage
+from . import cellimage, readme_selftest
 from .conftest import TrackedContainers
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,50 +84,27 @@ def _python(run: TrackedContainers, image: str, code: str, timeout: float = 600,
     return run.run_and_wait(["python", "-c", code], image=image, timeout=timeout, **kwargs)
 
 
-_whole: dict[str, SelftestRun] = {}
-
-
-def _selftest(docker_client: docker.DockerClient, session_labels: dict[str, str], image: str,
-              keyword: str | None) -> SelftestRun:
-    """The image's selftest (`-k keyword`, or all of it). The whole selftest runs once per image and
-    serves every test that asks for part of it (the trixie cell's compile checks are in its whole
-    run, which a test of its own needs anyway)."""
-    if image in _whole:
-        return _whole[image]
-    args = ["-k", keyword] if keyword is not None else []
-    result = runner.run_selftest(Engine(client=docker_client, labels=session_labels), image, args=args,
-                                 timeout=1800)
-    assert result.ok, f"{result.summary()}\n{result.log[-6000:]}"
-    if keyword is None:
-        _whole[image] = result
-    return result
-
-
-def _passed(result: SelftestRun, name: str) -> bool:
-    xml = result.junit_xml or ""
-    start = xml.find(f'name="{name}"')
-    if start == -1:
-        return False
-    end = xml.find("</testcase>", start)
-    tail = xml.find("/>", start)
-    case = xml[start:end if end != -1 and (tail == -1 or end < tail) else tail]
-    return "<skipped" not in case and "<failure" not in case and "<error" not in case
+def _selftest(cell: str, session_labels: dict[str, str]) -> dict[str, str]:
+    """The outcome of each check in the cell's README selftest (`docker run --rm IMAGE selftest`, the whole
+    of it), which must pass: test_hpc's run of it when the session made one, else one run now."""
+    image = image_of(cell)
+    r = readme_selftest.result(cell, image, session_labels)
+    assert r.returncode == 0, f"`docker run --rm {image} selftest` failed:\n{r.stdout[-6000:]}\n{r.stderr[-2000:]}"
+    return readme_selftest.outcomes(r.stdout)
 
 
 # --- torch.compile ------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("cell", RUNTIME)
-def test_compile_checks_pass_in_every_runtime_image(cell: str, docker_client: docker.DockerClient,
-                                                    session_labels: dict[str, str]) -> None:
+def test_compile_checks_pass_in_every_runtime_image(cell: str, session_labels: dict[str, str]) -> None:
     spec: ImageSpec = CELLS[cell]
-    # The trixie cell's whole selftest covers these checks; it runs once (test_the_trixie_cell_...).
-    result = _selftest(docker_client, session_labels, image_of(cell), None if cell in TRIXIE else "compile or rdma")
-    assert _passed(result, "test_compile_claim"), "the image's PTMG_TORCH_COMPILE does not match what torch does"
+    checks = _selftest(cell, session_labels)
+    assert checks.get("test_compile_claim") == "PASS", "the image's PTMG_TORCH_COMPILE does not match what torch does"
     for check in ("test_compile_one_liner", "test_compile_model_cpu", "test_triton_build_helper"):
-        assert _passed(result, check) == spec.compile_supported, (check, spec.compile_note)
+        assert (checks.get(check) == "PASS") == spec.compile_supported, (check, checks.get(check), spec.compile_note)
     for check in ("test_rdma_ibverbs[libibverbs.so.1]", "test_rdma_rdmacm", "test_rdma_device_list"):
-        assert _passed(result, check), check
+        assert checks.get(check) == "PASS", (check, checks.get(check))
 
 
 @pytest.mark.parametrize("cell", RUNTIME)
@@ -182,11 +156,10 @@ def test_the_270_runtime_image_is_no_larger_than_before(docker_client: docker.Do
 
 
 @pytest.mark.parametrize("cell", DEVEL)
-def test_devel_builds_and_imports_an_inline_cuda_extension(cell: str, docker_client: docker.DockerClient,
-                                                           session_labels: dict[str, str]) -> None:
-    result = _selftest(docker_client, session_labels, image_of(cell), "devel")
+def test_devel_builds_and_imports_an_inline_cuda_extension(cell: str, session_labels: dict[str, str]) -> None:
+    checks = _selftest(cell, session_labels)
     for check in ("test_devel_toolkit", "test_devel_load_inline"):
-        assert _passed(result, check), f"{check}\n{result.log[-6000:]}"
+        assert checks.get(check) == "PASS", (check, checks.get(check))
 
 
 @pytest.mark.parametrize("cell", DEVEL)
@@ -281,7 +254,6 @@ def test_start_diagnostics_warn_about_a_small_memlock_limit_with_rdma_devices(ru
 @pytest.mark.parametrize("cell", TRIXIE)
 def test_the_trixie_cell_passes_its_whole_selftest(cell: str, docker_client: docker.DockerClient,
                                                    session_labels: dict[str, str]) -> None:
-    image = image_of(cell)
-    result = _selftest(docker_client, session_labels, image, None)
-    assert _passed(result, "test_env[python]") and _passed(result, "test_compile_model_cpu")
-    assert docker_client.images.get(image).attrs["Config"]["Labels"][contract.label("python")] == "3.13"
+    checks = _selftest(cell, session_labels)
+    assert checks.get("test_env[python]") == "PASS" and checks.get("test_compile_model_cpu") == "PASS", checks
+    assert docker_client.images.get(image_of(cell)).attrs["Config"]["Labels"][contract.label("python")] == "3.13"
