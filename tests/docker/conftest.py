@@ -17,7 +17,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,7 +31,7 @@ from docker.models.networks import Network
 
 from tests import skipguard
 
-from . import cellimage, layerscan
+from . import cellimage, layerscan, sessions
 from .background import Job, Step
 from .cellimage import BuiltCell
 from .layerscan import SavedImage
@@ -47,20 +46,34 @@ ENGINE_FIX = ("no Docker engine answers. Fix: run `bash scripts/ensure-docker.sh
 @pytest.fixture(scope="session")
 def session_labels() -> dict[str, str]:
     """Labels put on every container/network/volume this test session creates."""
-    return {**PROJECT_LABEL, "session": str(uuid.uuid4())}
+    return {**PROJECT_LABEL, "session": sessions.SESSION}
 
 
 @pytest.fixture(scope="session")
-def docker_client(session_labels: dict[str, str]) -> Iterator[docker.DockerClient]:
-    """A client that answers, or a FAILED test with the fix: never a silent skip."""
+def docker_client(request: pytest.FixtureRequest, session_labels: dict[str, str]) -> Iterator[docker.DockerClient]:
+    """A client that answers, or a FAILED test with the fix: never a silent skip. Before anything is made,
+    this session is marked alive and what killed sessions left is removed (tests/docker/sessions.py)."""
     try:
         client = docker.from_env(version="auto", timeout=120)
         client.ping()
     except Exception as exc:
         pytest.fail(f"{ENGINE_FIX} ({type(exc).__name__}: {exc})", pytrace=False)
+    sessions.hold()
+    sessions.sweep(client, lambda line: _say(request, line))
     yield client
     _remove_session_objects(client, session_labels)
     client.close()
+
+
+def _say(request: pytest.FixtureRequest, line: str) -> None:
+    """A line on the terminal now, past pytest's output capture (a fixture's print would be swallowed)."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        LOGGER.warning("%s", line)
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line(line)
 
 
 def _remove_session_objects(client: docker.DockerClient, labels: dict[str, str]) -> None:
@@ -114,7 +127,10 @@ USE_NATIVE = (*NATIVE_FOR, "test_arm64.py")
 #:   test_enroot run the same squashfs (exported_sqsh, held until the session ends), and test_enroot
 #:   enroot's own import of the image, after it. Any module that takes exported_sqsh runs here: run
 #:   earlier, it would hold the 4 GB export beside every build of the session.
-RUN_LAST = ("test_arm64.py", "test_modern_engine.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py")
+#: - test_sessions starts a second tier session (what a user's next `make test` does after a killed one),
+#:   whose module ends prune the build cache: it runs when no background build does.
+RUN_LAST = ("test_arm64.py", "test_modern_engine.py", "test_hpc_export.py", "test_pyxis.py", "test_enroot.py",
+            "test_sessions.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -291,11 +307,21 @@ def built_cell(docker_client: docker.DockerClient, tmp_path_factory: pytest.Temp
     return cell
 
 
+#: The longest wait for a byte of `docker save` of the image under test (a cell of ~6 GB).
+SAVE_TIMEOUT_S = 1800
+
+
 @pytest.fixture(scope="session")
 def saved_image(built_cell: BuiltCell, docker_client: docker.DockerClient) -> SavedImage:
     """The image under test saved and read once (layerscan.py): every blob searched for the build's
     planted secrets, every layer's files listed."""
-    return layerscan.scan(docker_client.images.get(built_cell.ref), built_cell.markers)
+    # Its own client: 20.10 answers a save's request only once it has gathered the layers, which took over
+    # the session client's 120 s read timeout beside the background builds (CI's run of 55a8d22's tree).
+    client = docker.from_env(version="auto", timeout=SAVE_TIMEOUT_S)
+    try:
+        return layerscan.scan(client.images.get(built_cell.ref), built_cell.markers)
+    finally:
+        client.close()
 
 
 @pytest.fixture(scope="session")
@@ -309,7 +335,7 @@ def exported_sqsh(test_image: str) -> Iterator[Path]:
     """`build.py export --format sqsh` of the image under test, made once for the HPC runtimes that
     run it (test_hpc_export: Charliecloud; test_enroot: enroot), in a private folder other uids can
     traverse (they run as a stranger uid), deleted at the session's end (those modules run last)."""
-    folder = Path(tempfile.mkdtemp(prefix="ptmg-export-sqsh-", dir="/var/tmp"))
+    folder = sessions.scratch("export-sqsh")
     folder.chmod(0o755)
     out = folder / "image.sqsh"
     # The verb's report for this image (builder/cli/verbs/export.py: build-logs/<stem>.export-<format>.json,

@@ -20,12 +20,12 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from . import sessions
 from .test_hpc import OTHER_UID
 
 ENROOT = "/usr/local/bin/enroot"
@@ -79,7 +79,7 @@ def enroot() -> Iterator[Enroot]:
         pytest.fail(f"enroot {ENROOT_VERSION} is not installed in /usr/local. Fix: PTMG_THIRDPARTY_DIR=DIR "
                     "scripts/ensure-tools.sh test (DIR: enroot and pyxis release tarballs; `make test` uses "
                     "../shared/thirdparty)", pytrace=False)
-    base = Path(tempfile.mkdtemp(prefix="ptmg-enroot-", dir="/var/tmp"))
+    base = sessions.scratch("enroot")
     base.chmod(0o755)
     home = base / "home"
     try:

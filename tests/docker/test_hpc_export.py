@@ -19,7 +19,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 
 import ptmg_contract as contract
 
+from . import sessions
 from .test_hpc import BUILD_PY, OTHER_UID, ROOT, SEEDS, TOOLS
 
 
@@ -34,7 +34,7 @@ from .test_hpc import BUILD_PY, OTHER_UID, ROOT, SEEDS, TOOLS
 @pytest.fixture(scope="module")
 def export_dir() -> Iterator[Path]:
     """A private folder other uids can traverse (ch-run runs as OTHER_UID and reads the export)."""
-    path = Path(tempfile.mkdtemp(prefix="ptmg-export-test-", dir="/var/tmp"))
+    path = sessions.scratch("export-test")
     path.chmod(0o755)
     try:
         yield path
@@ -98,7 +98,7 @@ def test_export_has_the_enroot_files(sqsh: Path) -> None:
 @pytest.fixture
 def stranger_home() -> Iterator[Path]:
     """A home folder of OTHER_UID with a planted ~/.local torch that must never be imported."""
-    home = Path(tempfile.mkdtemp(prefix="ptmg-home-", dir="/var/tmp"))
+    home = sessions.scratch("home")
     temp = _stranger_tmp(home)  # ch-run shares the host's /tmp: the runs' temporary files go here, then away
     try:
         temp.mkdir(mode=0o700)

@@ -96,3 +96,12 @@ def test_the_native_cells_go_after_the_last_item_of_the_last_module_that_uses_th
     assert not last_native_user("test_modern_engine.py", order) and not last_native_user("test_build.py", order)
     assert last_native_user("test_training_features.py", order[:4])  # -k without test_arm64
     assert not last_native_user("test_arm64.py", ["test_hpc.py"])  # not in this session
+
+
+def test_a_module_that_starts_a_second_tier_session_runs_after_every_build() -> None:
+    """A second session of the docker tier (test_sessions: the next `make test` after a killed one) prunes
+    the build cache after its module, and knows nothing of this session's background builds: it runs last."""
+    run_last = _tuple("RUN_LAST")
+    nesting = sorted(p.name for p in DOCKER.glob("test_*.py") if '"-m", "pytest"' in p.read_text())
+    assert nesting == ["test_sessions.py"], nesting
+    assert run_last[-1] == "test_sessions.py"
