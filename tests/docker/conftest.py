@@ -180,9 +180,11 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
     native_needed = any(item.path.name in NATIVE_FOR for item in items) and not os.environ.get("PTMG_TEST_IMAGE")
     arm64_needed = any(item.path.name in RUN_LAST and "arm_image" in getattr(item, "fixturenames", ())
                        for item in items)
-    if native_needed or arm64_needed:  # the whole tier's disk (a module or a -k alone needs far less)
+    whole_tier = native_needed or arm64_needed  # its disk is checked (a module or a -k alone needs far less)
+    present = _local_tags(docker_client, list(cells)) if whole_tier else set()  # cells' tags already here
+    if whole_tier:
         root = docker_client.info().get("DockerRootDir") or "/"
-        why = disk_shortfall(shutil.disk_usage(root).free / 1e9, bool(_local_tags(docker_client, list(cells))))
+        why = disk_shortfall(shutil.disk_usage(root).free / 1e9, bool(present))
         if why is not None:
             pytest.exit(f"{root}: {why}", returncode=2)
     from tests.docker import test_arm64
@@ -193,7 +195,7 @@ def background_work(request: pytest.FixtureRequest, docker_client: docker.Docker
             own = os.environ.get("PTMG_TEST_CELL", cellimage.DEFAULT_CELL)  # built_cell builds it --no-cache
             others = [c for c in cells if not c.emulated and c.name != own]
             native = [a for c in others for a in ("--only", c.name)]
-            SESSION_NATIVE[:] = session_native_refs(others, _local_tags(docker_client, others))
+            SESSION_NATIVE[:] = session_native_refs(others, present)
             cellimage.JOBS[cellimage.NATIVE] = Job(
                 cellimage.NATIVE, [Step("build", (*build_py, "build", *native), timeout=5400)],
                 ARTIFACTS / "background-native.log").start()
@@ -312,7 +314,7 @@ SAVE_TIMEOUT_S = 1800
 
 
 @pytest.fixture(scope="session")
-def saved_image(built_cell: BuiltCell, docker_client: docker.DockerClient) -> SavedImage:
+def saved_image(built_cell: BuiltCell) -> SavedImage:
     """The image under test saved and read once (layerscan.py): every blob searched for the build's
     planted secrets, every layer's files listed."""
     # Its own client: 20.10 answers a save's request only once it has gathered the layers, which took over

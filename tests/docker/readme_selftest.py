@@ -14,6 +14,8 @@ import subprocess
 from collections.abc import Callable
 from concurrent.futures import Future
 
+from . import sessions
+
 #: The session's runs, by cell name.
 RUNS: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
 TIMEOUT_S = 1500
@@ -24,8 +26,7 @@ _OUTCOME = re.compile(r"^\s*(PASS|FAIL|ERROR|SKIP)\s+(\S+)", re.M)
 
 def command(ref: str, labels: dict[str, str]) -> list[str]:
     """What the README types, plus this test session's labels on the container."""
-    flags = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
-    return ["docker", "run", "--rm", *flags, ref, "selftest"]
+    return ["docker", "run", "--rm", *sessions.label_flags(labels), ref, "selftest"]
 
 
 def runner(ref: str, labels: dict[str, str]) -> Callable[[], subprocess.CompletedProcess[str]]:

@@ -65,6 +65,11 @@ def alive(session: str) -> bool:
         return False
 
 
+def label_flags(labels: dict[str, str]) -> list[str]:
+    """A session's labels as the docker CLI takes them: --label k=v for each."""
+    return [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
+
+
 def scratch(what: str) -> Path:
     """A private folder under SCRATCH_DIR for this session's `what`, which sweep() finds if the session dies."""
     return Path(tempfile.mkdtemp(prefix=f"ptmg-{SESSION}-{what}-", dir=SCRATCH_DIR))
@@ -93,10 +98,10 @@ def sweep(client: Any, log: Callable[[str], None]) -> list[str]:
     volumes = client.volumes.list(filters=flt)
     images = client.images.list(all=True, filters=flt)
 
-    folders = [p for p in SCRATCH_DIR.glob("ptmg-*") if _SCRATCH.match(p.name) and p.is_dir()]
+    folders = {p: m.group(1) for p in SCRATCH_DIR.glob("ptmg-*") if (m := _SCRATCH.match(p.name)) and p.is_dir()}
     locks = [p.stem for p in LIVE_DIR.glob("*.lock")] if LIVE_DIR.is_dir() else []
     dead = dead_sessions([session_of(o) for o in (*containers, *networks, *volumes, *images)]
-                         + [m.group(1) for p in folders if (m := _SCRATCH.match(p.name))] + locks)
+                         + list(folders.values()) + locks)
     kinds: tuple[tuple[str, list[Any], Callable[[Any], Any]], ...] = (
         ("container", containers, lambda c: c.remove(force=True, v=True)),
         ("network", networks, lambda n: n.remove()),
@@ -110,9 +115,8 @@ def sweep(client: Any, log: Callable[[str], None]) -> list[str]:
                 with contextlib.suppress(docker.errors.APIError):  # gone already, or in use: the next sweep's
                     remove(obj)
                 gone.append(f"{kind} {getattr(obj, 'name', None) or obj.short_id}")
-    for folder in folders:
-        m = _SCRATCH.match(folder.name)
-        if m and m.group(1) in dead:
+    for folder, session in folders.items():
+        if session in dead:
             _unmount_under(folder)
             shutil.rmtree(folder, ignore_errors=True)
             gone.append(f"folder {folder}")

@@ -28,7 +28,7 @@ import pytest
 from builder.matrix import load_matrix
 from builder.matrix.model import ImageSpec
 
-from . import cellimage, readme_selftest
+from . import cellimage, readme_selftest, sessions
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_PY = [sys.executable, str(ROOT / "build.py")]
@@ -41,8 +41,7 @@ TOOLS = ("python -c 'import torch, torchvision' && pip --version && torchrun --h
 
 def _docker(labels: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     """`docker run --rm` with this session's labels, as a user types it (plus the labels)."""
-    flags = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
-    return subprocess.run(["docker", "run", "--rm", *flags, *args], capture_output=True, text=True,
+    return subprocess.run(["docker", "run", "--rm", *sessions.label_flags(labels), *args], capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

@@ -32,7 +32,7 @@ from builder.lock.store import STORE_ENV, Store, default_store
 from builder.matrix import load_matrix
 from builder.render.dockerfile import SOURCE_DATE_EPOCH, stage_paths
 
-from . import cellimage
+from . import cellimage, sessions
 from .cellimage import BuiltCell
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,7 +98,7 @@ def build_tiny(tiny: Path, base_image: str, session_labels: dict[str, str]) -> I
         tag = f"ptmg-supply-test:{uuid.uuid4().hex[:10]}"
         tags.append(tag)
         (ctx / "Dockerfile").write_text(tiny_dockerfile(base_image))
-        labels = [a for k, v in session_labels.items() for a in ("--label", f"{k}={v}")]
+        labels = sessions.label_flags(session_labels)
         secret = ["--secret", f"id={wheelserver.SECRET_ID},src={server}"] if server else []
         return _run([DOCKER, "build", "--progress=plain", "--no-cache", "--pull=false", "-t", tag, *labels, *secret,
                      str(ctx)], env={**os.environ, "DOCKER_BUILDKIT": "1"})
