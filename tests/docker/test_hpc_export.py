@@ -100,6 +100,8 @@ def stranger_home() -> Iterator[Path]:
     """A home folder of OTHER_UID with a planted ~/.local torch that must never be imported."""
     home = sessions.scratch("home")
     temp = _stranger_tmp(home)  # ch-run shares the host's /tmp: the runs' temporary files go here, then away
+    usual = _ch_folder(f"u{OTHER_UID}")  # where ch-run's folder would be with an everyday USER
+    had_usual = usual.exists()
     try:
         temp.mkdir(mode=0o700)
         os.chown(temp, OTHER_UID, OTHER_UID)
@@ -112,11 +114,24 @@ def stranger_home() -> Iterator[Path]:
     finally:
         shutil.rmtree(home, ignore_errors=True)
         shutil.rmtree(temp, ignore_errors=True)
+        shutil.rmtree(_ch_folder(home.name), ignore_errors=True)
+    # What a test makes goes when it ends: ch-run's own folder too.
+    if usual.exists() and not had_usual:
+        shutil.rmtree(usual, ignore_errors=True)
+        pytest.fail(f"ch-run left {usual} behind", pytrace=False)
 
 
 def _stranger_tmp(home: Path) -> Path:
     """OTHER_UID's TMPDIR for one test: a folder of the host's /tmp (ch-run binds it), named after its home."""
     return Path("/tmp") / home.name
+
+
+def _ch_folder(user: str) -> Path:
+    """Where ch-run 0.31 makes its SquashFS mount point for $USER (/var/tmp/$USER.ch/mnt, whatever
+    CH_IMAGE_STORAGE says), which outlives the run. The stranger's USER is its home's name, so the
+    folder is the test's to remove, and a killed session's goes with its scratch folders
+    (sessions.sweep): ch-run's command stays the one users type."""
+    return Path("/var/tmp") / f"{user}.ch"
 
 
 def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
@@ -125,7 +140,7 @@ def _ch_run(sqsh: Path, home: Path, command: list[str], *, set_env: bool = True,
     if shutil.which("ch-run") is None:
         pytest.fail("ch-run is missing. Fix: scripts/ensure-tools.sh test (Debian: charliecloud-runtime)",
                     pytrace=False)
-    env = ["env", "-i", f"HOME={home}", f"USER=u{OTHER_UID}", "PATH=/usr/local/bin:/usr/bin:/bin",
+    env = ["env", "-i", f"HOME={home}", f"USER={home.name}", "PATH=/usr/local/bin:/usr/bin:/bin",
            f"TMPDIR={_stranger_tmp(home)}"]
     ch = ["ch-run", "--no-passwd", "--home", *(["--set-env"] if set_env else []), str(sqsh), "--", *command]
     cmd = ["setpriv", "--reuid", str(OTHER_UID), "--regid", str(OTHER_UID), "--clear-groups", *env, *ch]
