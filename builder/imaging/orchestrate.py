@@ -142,16 +142,23 @@ class _Builder:
         return self._cli
 
     def base_id(self, spec: ImageSpec) -> str:
-        cli = self.cli() if spec.platform != DEFAULT_PLATFORM else None
+        """The id of the cell's base, made first where it is absent. A cell of another platform also
+        names the build host's base of the same name (its `ptmg-native-python` stage compiles the
+        bytecode: builder/render/dockerfile.py, NATIVE_PYTHON), made the same way: both ids key its inputs."""
+        foreign = spec.platform != DEFAULT_PLATFORM
+        cli = self.cli() if foreign else None
+        refs = (spec.base_ref, spec.base) if foreign else (spec.base_ref,)
         with self._lock:  # two cells on one base must not bootstrap it twice
-            if not self.engine.image_exists(spec.base_ref):
+            for ref in refs:
+                if self.engine.image_exists(ref):
+                    continue
                 if self.cfg.dry_run:
                     return "absent"
-                if spec.platform != DEFAULT_PLATFORM:  # another platform's base: its own name (base_foreign)
+                if ref != spec.base:  # another platform's base: its own name (base_foreign)
                     base_foreign.ensure(self.engine, spec, self.cfg.mirror, cli)
                 else:
                     base_image.ensure(self.engine, spec, self.cfg.mirror)
-            return self.engine.image_id(spec.base_ref)
+            return " ".join(self.engine.image_id(ref) for ref in refs)
 
     def _run_build(self, spec: ImageSpec, dockerfile: Path, log_path: Path, no_cache: bool,
                    staged: _Staged, oci_dest: Path | None = None, epoch: int | None = None) -> BuildOutcome:

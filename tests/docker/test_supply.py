@@ -75,7 +75,7 @@ def tiny_dockerfile(base: str) -> str:
     c = SimpleNamespace(**{k: getattr(contract, k) for k in dir(contract) if k.isupper()})
     c.VENV, c.VENV_PYTHON = "/tmp/v", "/tmp/v/bin/python"
     macros = environment(template_dir("render")).get_template("dockerfile/_uv-install.j2").make_module(
-        {"c": c, "stage": stage_paths(), "source_date_epoch": SOURCE_DATE_EPOCH})
+        {"c": c, "stage": stage_paths(), "source_date_epoch": SOURCE_DATE_EPOCH, "native_python": None})
     mounts, install = getattr(macros, "mounts"), getattr(macros, "install")  # noqa: B009 - Jinja macros
     return (f"FROM {base}\nRUN python3 -m venv --without-pip /tmp/v\n" + str(mounts("tools")) + str(install("tools"))
             + " \\\n && /tmp/v/bin/python -c 'import six; print(\"six\", six.__version__)'\n")

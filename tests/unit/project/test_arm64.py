@@ -4,6 +4,7 @@ emulation, the engine's --init for foreign images, and the tags a multi-platform
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import threading
@@ -47,9 +48,18 @@ def test_arm64_cell_names_its_own_base_and_apt_caches(matrix: Matrix) -> None:
     text = dockerfile.render(arm)
     assert "\nFROM arm64v8/debian:bookworm-slim AS ptmg-python\n" in text and "\nCOPY --from=arm64v8/debian:bookworm-slim / /\n" in text
     assert "id=ptmg-apt-bookworm-arm64," in text and "id=ptmg-apt-lists-bookworm-arm64," in text
-    assert "id=ptmg-apt-bookworm," not in text
     amd_text = dockerfile.render(amd)
     assert "\nCOPY --from=debian:bookworm-slim / /\n" in amd_text and "id=ptmg-apt-bookworm," in amd_text
+    # The build host's Python (the bytecode compiler: test_layer_order) is the one stage on the
+    # host's own base and apt caches; take it and its calls out.
+    native = re.search(r"\n# 0n\. .*?\n\n(?=# 0b\. )", text, re.S)
+    assert native and "\nFROM --platform=$BUILDPLATFORM debian:bookworm-slim AS ptmg-native-python\n" in native.group()
+    text = text.replace(native.group(), "\n")
+    assert "id=ptmg-apt-bookworm," not in text and "--compile-bytecode" not in text
+    text = re.sub(r"    --mount=type=bind,from=ptmg-native-python,\S+ \\\n    --mount=\S+native-bytecode.sh \\\n", "", text)
+    text = re.sub(r"\n && (?:SOURCE_DATE_EPOCH=\d+ )?sh /ptmg-build/native-bytecode\.sh [^\n]*"
+                  r"(?:\n      [^\n]*native-python 3\.11 \\)?", "", text)
+    text = re.sub(r"(--python /opt/venv/bin/python \\\n[^\n]*\n      )-r ", r"\1--compile-bytecode -r ", text)
     # the same image otherwise: only the base, the apt caches, the cell's name and the CUDA
     # targets of the aarch64 wheel (compat data: aarch64_arch_list) differ
     assert arm.arch_list != amd.arch_list and "sm_110" in arm.arch_list
@@ -337,3 +347,37 @@ def test_a_base_is_made_by_one_process_at_a_time(matrix: Matrix, tmp_path: Path,
         holder.wait()
     worker.join(30)
     assert done == ["local"] and looked
+
+
+def test_an_emulated_cells_inputs_name_the_build_hosts_base_too(matrix: Matrix, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The arm64 cell's bytecode is compiled by the python3 of a stage FROM the host's own base
+    (dockerfile/06-native-python.j2), so build.py makes that base where it is absent, and its id
+    keys the cell's inputs with the arm64 base's: a re-made host base rebuilds the cell."""
+    from builder.imaging import base_foreign, base_image, orchestrate
+
+    arm, amd = cell(matrix, ARM), cell(matrix, LATEST)
+    ids = {arm.base_ref: "sha256:arm"}
+    made: list[tuple[str, str]] = []
+
+    class Engine:
+        def image_exists(self, ref: str) -> bool:
+            return ref in ids
+
+        def image_id(self, ref: str) -> str:
+            return ids[ref]
+
+    def ensure_host_base(engine: object, spec: Any, mirror: str) -> None:
+        made.append(("host", spec.base))
+        ids[spec.base] = "sha256:amd"
+
+    monkeypatch.setattr(base_image, "ensure", ensure_host_base)
+    monkeypatch.setattr(base_foreign, "ensure", lambda *a, **k: made.append(("foreign", "")))
+    cfg = orchestrate.BuildConfig(root=ROOT, docker_dir=tmp_path / "d", log_dir=tmp_path / "l")
+    builder = orchestrate._Builder(Engine(), cfg, lambda _c, _l: None)  # type: ignore[arg-type]
+    monkeypatch.setattr(builder, "cli", lambda: None)
+    assert builder.base_id(arm) == "sha256:arm sha256:amd" and made == [("host", "debian:bookworm-slim")]
+    assert builder.base_id(arm) == "sha256:arm sha256:amd" and len(made) == 1  # there now: made once
+    ids["debian:bookworm-slim"] = "sha256:amd-remade"
+    assert builder.base_id(arm) == "sha256:arm sha256:amd-remade"
+    assert builder.base_id(amd) == "sha256:amd-remade"  # a native cell: its own base alone

@@ -29,6 +29,7 @@ CELLS = textwrap.dedent("""\
 PY = dockerfile.BUILD_PYTHON
 SHARED = dockerfile.SHARED_STAGES
 OS = dockerfile.OS_STAGE
+NATIVE = dockerfile.NATIVE_PYTHON
 #: The image's OS layer: it applies what the OS stage's apt changed.
 OS_APPLY = "sh /ptmg-build/os-layer.sh apply /ptmg-build/os /"
 
@@ -218,7 +219,7 @@ def test_every_venv_run_uses_the_build_python_and_leaves_the_venv_naming_usr_bin
 
 def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(texts: dict[str, str]) -> None:
     for where, text in texts.items():
-        stages = _stages(text)
+        stages = [s for s in _stages(text) if not s[0].endswith(f" AS {NATIVE['stage']}")]  # its own test
         assert len(stages) == 5, where
         stage, _, _, _, final = stages
         copied = re.fullmatch(r"COPY --from=(\S+) / /", _layers(final)[2])
@@ -234,3 +235,39 @@ def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(tex
         os_run = _os_stage(text)[-1]
         assert " python3 " in os_run and " python3-venv " in os_run, where
         assert not any(f"from={PY['stage']}" in ins for ins in final if "build-python.sh" not in ins), where
+
+
+def test_an_emulated_cell_compiles_its_bytecode_with_the_build_hosts_python(texts: dict[str, str]) -> None:
+    """A cell built under qemu on x86_64 hosts (the arm64 cell) has a second build-Python stage, FROM the
+    same base on $BUILDPLATFORM, whose text is the native cells' stage of that base (one stage in the
+    builder's cache for both); its venv RUNs install without uv's --compile-bytecode (which would run
+    the emulated Python) and compile what uv installed with that stage's python3, hash-checked. A
+    native cell has none of it."""
+    epoch = dockerfile.SOURCE_DATE_EPOCH
+    emulated = 0
+    for where, text in texts.items():
+        stages = _stages(text)
+        native = [s for s in stages if s[0].endswith(f" AS {NATIVE['stage']}")]
+        installs = [ins for ins in stages[-1] if "/ptmg-build/uv pip install --python " in ins]
+        assert len(installs) in (2, 3), where  # torch, tools (+ devel)
+        if stages[0][0].startswith("FROM debian:"):  # a linux/amd64 cell
+            assert not native and "native-bytecode.sh" not in text, where
+            assert all(" --compile-bytecode -r /ptmg-build/requirements.txt; }" in ins for ins in installs), where
+            continue
+        emulated += 1
+        (stage,) = native
+        base = stage[0].split()[2]
+        assert stage[0] == f"FROM --platform=$BUILDPLATFORM {base} AS {NATIVE['stage']}", where
+        twins = [_stages(t)[0] for t in texts.values() if _stages(t)[0][0] == f"FROM {base} AS {PY['stage']}"]
+        assert twins and all(twin[1:] == stage[1:] for twin in twins), where
+        python = re.search(r"PTMG_PYTHON=(\S+)", text)
+        assert python, where
+        for ins in installs:
+            assert "--compile-bytecode" not in ins, where
+            assert f"--mount=type=bind,from={NATIVE['stage']},target={NATIVE['root']} " in ins, where
+            tmp, sp = f"{contract.VENV}/.uv-tmp", f"{contract.VENV}/lib/python{python.group(1)}/site-packages"
+            mark = ins.index(f"&& sh /ptmg-build/native-bytecode.sh mark {sp} {tmp}/{NATIVE['list']} &&")
+            done = ins.index(f"&& SOURCE_DATE_EPOCH={epoch} sh /ptmg-build/native-bytecode.sh compile {sp} "
+                             f"{tmp}/{NATIVE['list']} {NATIVE['root']} {python.group(1)} &&")
+            assert ins.index("ptmg_uv() {") < mark < ins.rindex("ptmg_uv") < done < ins.index(f"&& rm -rf {tmp} "), where
+    assert emulated, "no emulated cell among the committed Dockerfiles (images.yaml's arm64 cell)"
