@@ -7,9 +7,8 @@ PY := $(BIN)/python
 ARGS ?=
 # The docker tier's selection: everything but `build.py repro`'s two cold builds on Docker 28 and
 # `verify --rebuild`'s build, signed publish and cold rebuild (20 to 36 minutes for both on 2 cores,
-# measured), over the tier's budget (docs/testing.md), which `make test-repro` runs; and Docker 28's
-# classic-store pass (about 4 minutes), which `make test-modern-engine` runs with the containerd one.
-DOCKER_MARKERS ?= not repro and not classic_store
+# measured), over the tier's budget (docs/testing.md), which `make test-repro` runs.
+DOCKER_MARKERS ?= not repro
 # Platforms of the cells to build/test (--platforms): native (default: this host's), all, linux/arm64.
 # Other platforms build under qemu emulation (much slower); `make test` covers them all.
 PLATFORMS ?=
@@ -100,7 +99,7 @@ test: $(VENV)/.installed engine tools ## everything: lint, unit tests, then real
 	[ $$docker = 0 ] || [ $$docker = 5 ] || exit $$docker; \
 	[ $$unit$$docker != 55 ] || { echo "make test: ARGS=$(ARGS) selects no test" >&2; exit 5; }
 
-test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone, in both image stores (`make test` runs the containerd store's; ~20 min)
+test-modern-engine: $(VENV)/.installed engine tools ## the docker tier's Docker 28 tests alone (a second engine, both image stores; also in `make test`; ~20 min)
 	$(PY) -m pytest --durations=25 tests/docker -m modern_engine $(ARGS)
 
 test-repro: $(VENV)/.installed engine tools ## `build.py repro`'s two cold builds and `verify --rebuild`'s build + cold rebuild on Docker 28's containerd store (20-36 min; not in `make test`)

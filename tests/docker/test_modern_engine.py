@@ -63,10 +63,9 @@ BELOW_OS = 7
 CONTAINERD_ONLY = pytest.mark.parametrize("modern", ["containerd"], indirect=True)
 
 
-#: The classic store's pass: `make test-modern-engine` runs it, `make test` does not (DOCKER_MARKERS): on the
-#: slower 2-core machines it costs about 4 minutes that the hour has no room for, and what it proves that the
-#: containerd pass does not is the store's own (buildx's build and `make images`' skip in it, repro's refusal,
-#: patch day in unpacked bytes).
+#: The classic store's pass (marker classic_store, so that it can be selected or left out alone; every
+#: `make test` runs it): what it proves that the containerd pass does not is the store's own (buildx's build
+#: and `make images`' skip in it, repro's refusal, patch day in unpacked bytes).
 CLASSIC = pytest.param("overlay2", marks=pytest.mark.classic_store)
 
 
