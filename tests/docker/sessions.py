@@ -1,7 +1,8 @@
 """Which docker-tier sessions are alive, and what a dead one left behind.
 
 Every container, network, volume and test image the tier makes carries `session=<id>`, and its scratch
-folders under /var/tmp carry the id in their names (:func:`scratch`). A session that ends removes them
+folders under /var/tmp (and a test's folder in /tmp named after one) carry the id in their names
+(:func:`scratch`). A session that ends removes them
 itself, pass or fail. One that is killed (SIGKILL, a CI job past its time) cannot: the next session
 removes them at its start (:func:`sweep`). A session is alive while it holds an flock on its own file
 under LIVE_DIR; the kernel drops the lock of a killed process, so a leftover whose session's lock is
@@ -30,6 +31,9 @@ SESSION = str(uuid.uuid4())
 #: session and a docker-group user's session each see the other alive.
 LIVE_DIR = Path(os.environ.get("PTMG_TEST_SESSIONS_DIR", Path(tempfile.gettempdir()) / "pt-multi-gpu-test-sessions"))
 SCRATCH_DIR = Path(os.environ.get("PTMG_TEST_SCRATCH_DIR", "/var/tmp"))
+#: The host's /tmp, where a test may name a folder after one of its scratch folders (ch-run binds the host's
+#: /tmp, so test_hpc_export's stranger gets its TMPDIR there): sweep() looks here too.
+TEMP_DIR = Path(tempfile.gettempdir())
 _UUID = r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 #: A scratch folder's name: ptmg-<session>-<what>-<random>.
 _SCRATCH = re.compile(rf"ptmg-({_UUID})-")
@@ -98,7 +102,8 @@ def sweep(client: Any, log: Callable[[str], None]) -> list[str]:
     volumes = client.volumes.list(filters=flt)
     images = client.images.list(all=True, filters=flt)
 
-    folders = {p: m.group(1) for p in SCRATCH_DIR.glob("ptmg-*") if (m := _SCRATCH.match(p.name)) and p.is_dir()}
+    folders = {p: m.group(1) for d in dict.fromkeys((SCRATCH_DIR, TEMP_DIR)) for p in d.glob("ptmg-*")
+               if (m := _SCRATCH.match(p.name)) and p.is_dir()}
     locks = [p.stem for p in LIVE_DIR.glob("*.lock")] if LIVE_DIR.is_dir() else []
     dead = dead_sessions([session_of(o) for o in (*containers, *networks, *volumes, *images)]
                          + list(folders.values()) + locks)

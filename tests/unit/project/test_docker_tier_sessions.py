@@ -25,11 +25,12 @@ print("held", flush=True); time.sleep(600)
 
 @pytest.fixture
 def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    live, scratch = tmp_path / "live", tmp_path / "scratch"
-    live.mkdir()
-    scratch.mkdir()
+    live, scratch, temp = tmp_path / "live", tmp_path / "scratch", tmp_path / "tmp"
+    for d in (live, scratch, temp):
+        d.mkdir()
     monkeypatch.setattr(sessions, "LIVE_DIR", live)
     monkeypatch.setattr(sessions, "SCRATCH_DIR", scratch)
+    monkeypatch.setattr(sessions, "TEMP_DIR", temp)
     return live, scratch
 
 
@@ -84,6 +85,9 @@ def test_a_killed_sessions_objects_folders_and_lock_go_and_a_live_ones_stay(dirs
             folder = scratch / f"ptmg-{sid}-enroot-abc"
             (folder / "home").mkdir(parents=True)
         (scratch / "ptmg-export-sqsh-legacy").mkdir()  # no session in its name: not ours to judge
+        temp = sessions.TEMP_DIR  # a stranger's TMPDIR in the host's /tmp, named after its scratch home
+        for sid in (dead, live):
+            (temp / f"ptmg-{sid}-home-xyz").mkdir()
         client = _Client({"container": [("c-dead", dead), ("c-live", live), ("c-own", sessions.SESSION)],
                           "network": [("n-dead", dead), ("n-live", live)],
                           "volume": [("v-dead", dead)],
@@ -95,8 +99,9 @@ def test_a_killed_sessions_objects_folders_and_lock_go_and_a_live_ones_stay(dirs
                                   "image i1-dead-parent"]
         assert sorted(p.name for p in scratch.iterdir()) == sorted(
             [f"ptmg-{live}-enroot-abc", f"ptmg-{sessions.SESSION}-enroot-abc", "ptmg-export-sqsh-legacy"])
+        assert [p.name for p in temp.iterdir()] == [f"ptmg-{live}-home-xyz"]
         assert not (live_dir / f"{dead}.lock").exists() and (live_dir / f"{live}.lock").exists()
-        assert len(gone) == 6 and all(line.startswith("removed what a killed test session left: ") for line in lines)
+        assert len(gone) == 7 and all(line.startswith("removed what a killed test session left: ") for line in lines)
     finally:
         holder.kill()
         holder.wait(timeout=30)
