@@ -10,6 +10,10 @@
 # bind-mounted at NATIVE_ROOT), run by its own loader: the kernel runs the host's binaries natively
 # in an emulated RUN, as it runs the host's uv. Emulated, the compile took 4 of the arm64 build's
 # 13.6 minutes (BENCHMARKS.md); natively, seconds.
+# A native cell of Python 3.12 or newer compiles with it too, NATIVE_ROOT being the build's Python
+# stage: its marshal output depends on what the same process compiled before (cpython#129724), so
+# uv's pool of workers gave some .pyc files other bytes from build to build. Here one process
+# compiles every file in path order: the same bytes every time.
 #
 #   mark     before uv: LIST is every .py file under SITE_PACKAGES (links are not followed, as uv
 #            and compileall do not follow them).

@@ -148,19 +148,32 @@ BUILD_PYTHON: Mapping[str, object] = {
 }
 
 
-#: An emulated cell's bytecode compiler: the `ptmg-python` stage's text for the cell's base on the BUILD
-#: host's platform (`FROM --platform=$BUILDPLATFORM`: on an x86_64 host, the same stage as the native
-#: cells' of that base, so a builder that made one of them has it), bind-mounted at `root` into the
-#: venv's RUNs, whose uv installs without --compile-bytecode; imagebuild/native-bytecode.sh then
-#: compiles what uv installed with its python3 (a .pyc is the same bytes on every architecture).
-#: Under qemu, uv's compile took 4 of the arm64 cell's 13.6 build minutes on 2 cores.
+#: A cell's bytecode compiler where uv's --compile-bytecode will not do: imagebuild/native-bytecode.sh
+#: compiles what the venv's RUNs installed (uv then installs without compiling), one process in path
+#: order, hash-checked, with the build host's python3 from a stage of the `ptmg-python` text for the
+#: cell's base, bind-mounted at `root`.
+#: - An emulated cell (its platform is not the build host's): uv's compile would run the emulated Python
+#:   (4 of the arm64 cell's 13.6 build minutes on 2 cores). Its stage is that text on the BUILD host's
+#:   platform (`FROM --platform=$BUILDPLATFORM`: on an x86_64 host, the same stage as the native cells'
+#:   of that base, so a builder that made one of them has it); a .pyc is the same bytes on every
+#:   architecture.
+#: - A cell whose Python is ORDERED_BYTECODE or newer: its marshal output depends on what the same
+#:   process compiled before (cpython#129724), so uv's pool of workers gave the py3.13 cell other .pyc
+#:   bytes from build to build (BENCHMARKS.md); one process in path order gives the same bytes every
+#:   time. The build's Python stage itself serves, at its own mount.
 NATIVE_PYTHON: Mapping[str, str] = {"stage": "ptmg-native-python", "root": "/ptmg-build/native-python",
                                     "list": "py-before"}
+ORDERED_BYTECODE = (3, 12)
 
 
 def native_python(spec: ImageSpec) -> Mapping[str, str] | None:
-    """NATIVE_PYTHON for a cell built under emulation on linux/amd64 hosts (its platform is another), else None."""
-    return NATIVE_PYTHON if spec.platform != DEFAULT_PLATFORM else None
+    """The cell's bytecode compiler (NATIVE_PYTHON, or the build's Python stage for a native cell of Python
+    ORDERED_BYTECODE or newer), or None where uv compiles the bytecode."""
+    if spec.platform != DEFAULT_PLATFORM:
+        return NATIVE_PYTHON
+    if tuple(int(part) for part in spec.python.split(".")[:2]) >= ORDERED_BYTECODE:
+        return {**NATIVE_PYTHON, "stage": str(BUILD_PYTHON["stage"]), "root": str(BUILD_PYTHON["root"])}
+    return None
 
 
 #: The shared trees' stages (dockerfile/07-shared.j2) and the folder each fills: its contents (the

@@ -232,6 +232,16 @@ def test_no_program_is_setuid_or_setgid(cell: str, run: TrackedContainers) -> No
     assert out.strip() == "", f"setuid/setgid programs in {cell}:\n{out}"
 
 
+@pytest.mark.parametrize("cell", list(CELLS))
+def test_no_image_carries_a_machine_id(cell: str, run: TrackedContainers) -> None:
+    """A machine ID names one host: the image has none, as its base (systemd's install, which trixie's
+    packages pull in, writes a random one, which also made two builds of one snapshot differ)."""
+    rc, out = run.run_and_wait(["-c", "ls -d /etc/machine-id /var/lib/dbus/machine-id 2>/dev/null; true"],
+                               image=image_of(cell), entrypoint=["/bin/sh"], user="0", timeout=120)
+    assert rc == 0, out
+    assert out.strip() == "", f"{cell} carries a machine ID: {out}"
+
+
 def test_start_diagnostics_warn_about_a_small_memlock_limit_with_rdma_devices(run: TrackedContainers) -> None:
     image = image_of(SEED_270)
     small = [docker.types.Ulimit(name="memlock", soft=65536, hard=65536)]
