@@ -33,6 +33,7 @@ PACKAGES="docker.io docker-cli docker-buildx containerd tini-static"
 timeout_s=${PTMG_E28_START_TIMEOUT:-90}
 say() { printf 'engine28: %s\n' "$*" >&2; }
 die() { say "$*"; exit 1; }
+apt_bounded=$(cd "$(dirname "$0")" && pwd)/apt-bounded.sh
 
 root=$HOME_DIR/root
 sock=$RUN/docker.sock
@@ -60,10 +61,10 @@ SRC
     local opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$apt/etc"
                 -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o APT::Sandbox::User=root)
     say "fetching Debian $SUITE's $PACKAGES (private apt configuration under $apt)"
-    apt-get "${opts[@]}" -qq update || die "apt-get update of Debian $SUITE failed (network?)"
+    "$apt_bounded" update "${opts[@]}" -qq || die "apt-get update of Debian $SUITE failed (network?)"
     rm -f "$HOME_DIR"/debs/*.deb
     # shellcheck disable=SC2086
-    (cd "$HOME_DIR/debs" && apt-get "${opts[@]}" -qq download $PACKAGES) || die "apt-get download failed"
+    (cd "$HOME_DIR/debs" && "$apt_bounded" download "${opts[@]}" -qq $PACKAGES) || die "apt-get download failed"
     rm -rf "$root.new" && mkdir -p "$root.new"
     for deb in "$HOME_DIR"/debs/*.deb; do dpkg-deb -x "$deb" "$root.new"; done
     rm -rf "$root" && mv "$root.new" "$root"

@@ -46,9 +46,8 @@ if ! [ -x /usr/sbin/dockerd ] || ! [ -x /usr/bin/docker ]; then
         exit 1
     fi
     say "installing docker.io (Debian's Docker Engine) ..."
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq docker.io >/dev/null
+    "$(dirname "$0")/apt-bounded.sh" update -qq
+    "$(dirname "$0")/apt-bounded.sh" install -y -qq docker.io >/dev/null
 fi
 
 if [ -S /var/run/docker.sock ] && pgrep -x dockerd >/dev/null; then

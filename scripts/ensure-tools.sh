@@ -105,14 +105,15 @@ if $want_qemu && { $old_qemu || printf '%s\n' "${missing[@]}" | grep -qx qemu-us
     fi
 fi
 say "installing: ${missing[*]}$($old_qemu && echo " (and qemu-user-static from backports)")"
-apt-get update -qq
+apt_bounded=$(dirname "$0")/apt-bounded.sh
+"$apt_bounded" update -qq
 if [ ${#regular[@]} -gt 0 ]; then
-    apt-get install -y -qq --no-install-recommends "${regular[@]}" >/dev/null
+    "$apt_bounded" install -y -qq --no-install-recommends "${regular[@]}" >/dev/null
 fi
 if $want_qemu && { $old_qemu || printf '%s\n' "${missing[@]}" | grep -qx qemu-user-static; }; then
     target=()
     grep -rqs "bookworm-backports" /etc/apt/sources.list /etc/apt/sources.list.d/ && target=(-t bookworm-backports)
-    apt-get install -y -qq --no-install-recommends "${target[@]}" qemu-user-static >/dev/null
+    "$apt_bounded" install -y -qq --no-install-recommends "${target[@]}" qemu-user-static >/dev/null
     if [ "$(qemu_major)" -lt "$QEMU_MIN_MAJOR" ]; then
         say "qemu-user-static is $(qemu_major).x after the install; >= $QEMU_MIN_MAJOR is needed (torch crashes under older qemu)"
         exit 1

@@ -253,6 +253,14 @@ def static_labels(spec: ImageSpec) -> tuple[tuple[str, str], ...]:
     return tuple(sorted(labels.items()))
 
 
+def bounded_apt(seconds: int = 300, tries: int = 3, pause: int = 5) -> str:
+    """The shell functions `apt_try` and `apt_bounded` as a Dockerfile RUN inlines them (one logical
+    line; dockerfile/_apt.j2 says why apt needs a bound): for a Dockerfile of another template, the
+    test clusters' images among them."""
+    module = environment(template_dir("render")).get_template("dockerfile/_apt.j2").module
+    return str(module.define(seconds=seconds, tries=tries, pause=pause))  # type: ignore[attr-defined]
+
+
 def render(spec: ImageSpec, source: str = "images.yaml") -> str:
     """The Dockerfile for one cell. Pure and deterministic."""
     template = environment(template_dir("render")).get_template(TEMPLATE)

@@ -71,8 +71,9 @@ RUN --mount=type=cache,id=ptmg-apt-@OS@,target=/var/cache/apt,sharing=locked \\
     --mount=type=secret,id=build-env \\
     --mount=type=secret,id=ca-bundle \\
     if [ -f /run/secrets/build-env ]; then . /run/secrets/build-env; fi \\
- && apt-get update -q \\
- && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \\
+ && @APT_BOUNDED@ \\
+ && apt_bounded update \\
+ && apt_bounded install -y --no-install-recommends \\
       bsdextrautils curl fuse-overlayfs gawk jq libbsd0 libcap2-bin parallel pigz squashfs-tools squashfuse zstd
 COPY hpc/ /usr/local/
 COPY plugstack.conf /etc/slurm/plugstack.conf

@@ -48,6 +48,7 @@ import ptmg_contract as contract
 from builder.engine import BuildRequest, Engine, find_buildkit_cli
 from builder.imaging.buildenv import detect, secret_files
 from builder.matrix import load_matrix
+from builder.render.dockerfile import bounded_apt
 from tests.support import wait_until
 
 HERE = Path(__file__).resolve().parent / "slurm_cluster"
@@ -75,6 +76,13 @@ def cell_os(cell: str) -> str:
     return "bookworm"
 
 
+def dockerfile_text(os_name: str, tail: str = "") -> str:
+    """slurm_cluster/Dockerfile plus ``tail``, for a cell on ``os_name``: its apt cache mounts, and
+    apt bounded as in the images (builder.render.dockerfile.bounded_apt)."""
+    text = (HERE / "Dockerfile").read_text() + tail
+    return text.replace("@OS@", os_name).replace("@APT_BOUNDED@", bounded_apt())
+
+
 def build_slurm_image(client: docker.DockerClient, cell: str, base_ref: str, labels: Mapping[str, str],
                       log_dir: Path, context: Path = HERE, tail: str = "") -> str:
     """Build slurm_cluster/Dockerfile (plus ``tail``, more instructions, from ``context``) FROM
@@ -87,7 +95,7 @@ def build_slurm_image(client: docker.DockerClient, cell: str, base_ref: str, lab
     engine = Engine(client, labels=labels)
     with tempfile.TemporaryDirectory(prefix="ptmg-slurm-df-") as tmp:
         dockerfile = Path(tmp) / "Dockerfile"
-        dockerfile.write_text(((HERE / "Dockerfile").read_text() + tail).replace("@OS@", cell_os(cell)))
+        dockerfile.write_text(dockerfile_text(cell_os(cell), tail))
         with secret_files(detect(os.environ)) as secrets:
             req = BuildRequest(context=context, dockerfile=dockerfile, labels=dict(labels), secrets=secrets,
                                log_path=log_dir / "slurm-image-build.log", build_args={"BASE": base_ref})

@@ -83,8 +83,8 @@ def test_every_image_gets_the_compiler_headers_and_rdma_core(pair: dict[str, Ima
         assert need in packages, need
     assert "build-essential" not in packages
     text = dockerfile.render(spec)
-    os_run = next(ins for ins in _instructions(text) if "apt-get upgrade" in ins)
-    assert os_run.index("cp /ptmg-build/dpkg-slim-toolchain /etc/dpkg/dpkg.cfg.d/") < os_run.index("apt-get install")
+    os_run = next(ins for ins in _instructions(text) if "apt_bounded upgrade" in ins)
+    assert os_run.index("cp /ptmg-build/dpkg-slim-toolchain /etc/dpkg/dpkg.cfg.d/") < os_run.index("apt_bounded install")
     assert f"> {contract.LIBCUDA_LINK_DIR}/libcuda.so" in os_run and "INPUT(-l:libcuda.so.1)" in os_run
 
 

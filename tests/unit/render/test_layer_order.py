@@ -166,7 +166,7 @@ def test_the_os_snapshot_keys_the_os_layer_and_nothing_below_it(texts: dict[str,
         venv_runs = [i for i, ins in enumerate(final) if "/ptmg-build/uv pip install" in ins]
         assert venv_runs and max(venv_runs) < arg, f"{where}: a venv RUN after the ARG would be keyed on the snapshot"
         os_stage = _os_stage(text)
-        assert _at(os_stage, f"ARG {contract.OS_SNAPSHOT_ARG}", where) == _at(os_stage, "apt-get upgrade", where) - 1
+        assert _at(os_stage, f"ARG {contract.OS_SNAPSHOT_ARG}", where) == _at(os_stage, "apt_bounded upgrade", where) - 1
         assert not any(contract.OS_SNAPSHOT_ARG in ins for stage in stages[:-1] if stage != os_stage
                        for ins in stage), where
 
@@ -194,13 +194,13 @@ def test_apt_runs_in_the_os_stage_on_the_base_and_the_user_and_the_image_applies
         body = run.split("--mount=type=secret,id=ca-bundle ", 1)[1]
         assert body.startswith(f"sh /ptmg-build/os-layer.sh mark / {OS['before']} && "), (where, body[:200])
         assert body.endswith(f"&& sh /ptmg-build/os-layer.sh collect / {OS['before']} {OS['out']}"), where
-        assert body.index("apt-get upgrade") < body.index("rm -f /etc/ssh/ssh_host_*") < body.index(
+        assert body.index("apt_bounded upgrade") < body.index("rm -f /etc/ssh/ssh_host_*") < body.index(
             dockerfile.BUILD_LOGS) < body.index("os-layer.sh collect"), where
         apply = final[_at(final, OS_APPLY, where)]
         assert apply.startswith(f"RUN --mount=type=bind,from={OS['stage']},source={OS['out']},target=/ptmg-build/os,rw "), where
         assert apply.endswith(f"{OS_APPLY} && find / -xdev -type f -perm /6000 -exec chmod ug-s {{}} +"), where
         assert final[_at(final, OS_APPLY, where) - 2] == "USER 0:0", where
-        assert not any("apt-get" in ins for ins in final if "build-essential" not in ins), \
+        assert not any("apt" in ins for ins in final if "build-essential" not in ins), \
             f"{where}: apt runs in the OS stage (and devel's own packages)"
 
 
@@ -226,10 +226,10 @@ def test_the_build_python_is_a_stage_from_the_same_base_and_not_in_the_image(tex
         assert copied, where
         assert stage[0] == f"FROM {copied.group(1)} AS {PY['stage']}", where
         (run,) = (ins for ins in stage if ins.startswith("RUN "))
-        assert "apt-get upgrade" not in run, f"{where}: the stage must not be a second OS layer"
+        assert "apt_bounded upgrade" not in run, f"{where}: the stage must not be a second OS layer"
         # python3 and strip; not python3-venv (ensurepip: the venv is made --without-pip), which would
         # bring pip's and setuptools' wheels and ca-certificates, whose hashing is minutes under qemu.
-        assert "install -y -q --no-install-recommends -o Dpkg::Options::=--force-unsafe-io binutils python3 &&" \
+        assert "apt_bounded install -y --no-install-recommends binutils python3 &&" \
                in run, where
         # The image gets its python3 (the one the venv names) from its own OS layer.
         os_run = _os_stage(text)[-1]
