@@ -56,7 +56,8 @@ def step_times(log: str) -> dict[str, float]:
             kind = ("context" if "load build context" in rest else "export" if rest.startswith("exporting to image")
                     else "tools" if "wheelhouse/tools," in rest or "jupyterlab==" in rest
                     else "torch" if "wheelhouse/torch," in rest or ("pip download" in rest and '"torch==' in rest)
-                    else "os" if "apt-get upgrade" in rest else "sbom" if "sbom.py" in rest else "")
+                    else "os" if re.search(r"apt(-get|_bounded) upgrade", rest)  # the "before" Dockerfile; ours
+                    else "sbom" if "sbom.py" in rest else "")
             names[vid] = kind
             continue
         done = re.match(r"^DONE (\d+(?:\.\d+)?)s", rest)

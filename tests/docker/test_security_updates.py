@@ -143,7 +143,7 @@ def test_a_newer_security_suite_rebuilds_from_the_os_layer(test_matrix: tuple[Pa
     assert result["status"] == "built", result
     steps = _steps(Path(result["log"]).read_text())
     # apt ran again in the OS stage, and the image's OS layer applied what it changed.
-    for marker in ("apt-get upgrade", "os-layer.sh apply"):
+    for marker in ("apt_bounded upgrade", "os-layer.sh apply"):
         os_step = _step(steps, marker)
         assert not any(x.endswith(" CACHED") for x in os_step), f"the {marker!r} step came from the cache"
         assert any(re.search(r" DONE \d", x) for x in os_step)

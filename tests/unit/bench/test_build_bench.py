@@ -27,3 +27,15 @@ def test_the_pip_baseline_has_the_os_layer_then_pip_as_the_user(cell: str) -> No
     text = bench_build.before_dockerfile(spec)
     assert "apt-get upgrade" in text and "/ptmg-build/uv pip install" not in text
     assert text.index("apt-get upgrade") < text.index("python3 -m venv") < text.index("pip download")
+
+
+def test_step_times_finds_the_os_step_of_the_rendered_and_the_before_dockerfile() -> None:
+    """The rendered OS stage runs apt through its bounded functions; the "before" Dockerfile, apt-get."""
+    import benchlib
+
+    rendered = ("#17 [ptmg-os 3/3] RUN --mount=type=cache,id=ptmg-apt-bookworm ... && apt_bounded update "
+                " && apt_bounded upgrade -y --with-new-pkgs  && apt_bounded install -y ...\n"
+                "#17 3.528 Download complete and in download only mode\n#17 DONE 15.6s\n")
+    before = "#9 [stage-1 4/6] RUN apt-get update -q && apt-get upgrade -y -q\n#9 DONE 21.0s\n"
+    assert benchlib.step_times(rendered) == {"os": 15.6}
+    assert benchlib.step_times(before) == {"os": 21.0}
