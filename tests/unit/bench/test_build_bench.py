@@ -33,9 +33,10 @@ def test_step_times_finds_the_os_step_of_the_rendered_and_the_before_dockerfile(
     """The rendered OS stage runs apt through its bounded functions; the "before" Dockerfile, apt-get."""
     import benchlib
 
-    rendered = ("#17 [ptmg-os 3/3] RUN --mount=type=cache,id=ptmg-apt-bookworm ... && apt_bounded update "
+    step = "#" + "17"  # BuildKit's plain progress numbers each step so
+    rendered = (f"{step} [ptmg-os 3/3] RUN --mount=type=cache,id=ptmg-apt-bookworm ... && apt_bounded update "
                 " && apt_bounded upgrade -y --with-new-pkgs  && apt_bounded install -y ...\n"
-                "#17 3.528 Download complete and in download only mode\n#17 DONE 15.6s\n")
-    before = "#9 [stage-1 4/6] RUN apt-get update -q && apt-get upgrade -y -q\n#9 DONE 21.0s\n"
+                f"{step} 3.528 Download complete and in download only mode\n{step} DONE 15.6s\n")
+    before = f"{step} [stage-1 4/6] RUN apt-get update -q && apt-get upgrade -y -q\n{step} DONE 21.0s\n"
     assert benchlib.step_times(rendered) == {"os": 15.6}
     assert benchlib.step_times(before) == {"os": 21.0}
